@@ -1,0 +1,5 @@
+"""`python -m vllm_offload_doctor` entry point."""
+
+from vllm_offload_doctor.cli import main
+
+main()
