@@ -1,0 +1,9 @@
+"""Exit statuses shared by every command."""
+
+from __future__ import annotations
+
+OK = 0  # nothing wrong found / offload took effect
+FOUND = 1  # a failure diagnosed / a check failed / offload ignored
+USAGE = 2  # usage, input or environment error: could not reach a verdict
+INTERNAL = 3  # a bug of ours
+INTERRUPTED = 130

@@ -1,0 +1,154 @@
+"""Pure data for `analyze`: facts read from a log, findings, the verdict and the offload status."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Category(StrEnum):
+    HEALTHY = "healthy"
+    OFFLOAD_IGNORED = "offload_ignored"
+    OFFLOAD_ERROR = "offload_error"
+    OOM_WEIGHTS = "oom_weights"
+    OOM_KV_CACHE = "oom_kv_cache"
+    OOM_GPU_UTIL = "oom_gpu_util"
+    OOM_RUNTIME = "oom_runtime"
+    OOM_HOST = "oom_host"
+    PORT_IN_USE = "port_in_use"
+    MODEL_DOWNLOAD = "model_download"
+    UNSUPPORTED_GPU = "unsupported_gpu"
+    DRIVER_CUDA = "driver_cuda"
+    WSL = "wsl"
+    PYTHON_ENV = "python_env"
+    BAD_ARGS = "bad_args"
+    DISTRIBUTED = "distributed"
+    TOKENIZER_TEMPLATE = "tokenizer_template"
+    CRASH_OTHER = "crash_other"
+    UNKNOWN = "unknown"
+
+
+class OffloadStatus(StrEnum):
+    EFFECTIVE = "effective"
+    IGNORED = "ignored"
+    ERROR = "error"
+    NOT_REQUESTED = "not_requested"
+    UNKNOWN = "unknown"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    line: int  # 1-based line number in the input as read
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    rule_id: str
+    title: str
+    severity: Severity
+    category: Category
+    message: str
+    remedy: str
+    links: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    precedence: int = 0
+
+
+@dataclass(slots=True)
+class RankOffload:
+    """What one process (rank) logged about offloading."""
+
+    process: str
+    offloader: str | None = None
+    offloaded_gib: float | None = None
+    model_loading_gib: float | None = None
+    status: OffloadStatus = OffloadStatus.UNKNOWN
+
+
+@dataclass(slots=True)
+class Facts:
+    vllm_version: str | None = None
+    model: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    cpu_offload_gb: float | None = None
+    offload_backend: str | None = None
+    offload_group_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int | None = None
+    enforce_eager: bool | None = None
+    dtype: str | None = None
+    platform: str | None = None
+    device_cpu: bool = False
+    model_runner: str = "unknown"  # v1 | v2 | unknown
+    model_runner_evidence: str | None = None
+    offloader: str | None = None
+    offloaded_gib: float | None = None  # largest per rank
+    prefetch_saved_gb: float | None = None
+    model_loading_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    gpu_name: str | None = None
+    gpu_total_gib: float | None = None
+    gpu_free_gib: float | None = None
+    wsl: bool = False
+    pin_memory_disabled: bool = False
+    reached_ready: bool = False
+    shut_down: bool = False
+    stayed_up: bool | None = None
+    ranks: dict[str, RankOffload] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    category: Category
+    rule_id: str | None
+    title: str
+    summary: str
+    severity: Severity
+    remedy: str = ""
+    links: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Offload:
+    status: OffloadStatus
+    requested_gib: float | None
+    offloaded_gib: float | None
+    explanation: str
+    ranks_disagree: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    file: str
+    verdict: Verdict
+    offload: Offload
+    facts: Facts
+    findings: tuple[Finding, ...]
+    lines_read: int
+    notable: tuple[Evidence, ...] = ()  # most relevant lines when nothing matched
+    error: str | None = None  # input problem that still produced a verdict (e.g. truncated gzip)
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict.category not in (Category.HEALTHY, Category.UNKNOWN) or self.offload.status in (
+            OffloadStatus.IGNORED,
+            OffloadStatus.ERROR,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema_version"] = SCHEMA_VERSION
+        return data
