@@ -8,50 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 import click
 
 from vllm_offload_doctor import __version__, exitcodes
 from vllm_offload_doctor.errors import DoctorError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def guarded(func: F) -> F:
-    """Turn our errors, Ctrl+C and bugs into one-line messages and distinct exit codes."""
-    import functools
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        debug = bool(os.environ.get("OFFLOAD_DOCTOR_DEBUG"))
-        try:
-            return func(*args, **kwargs)
-        except DoctorError as exc:
-            click.echo(f"offload-doctor: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("offload-doctor: interrupted", err=True)
-            sys.exit(exitcodes.INTERRUPTED)
-        except BrokenPipeError:
-            # stdout closed early (e.g. `| head`): not an error worth a traceback.
-            sys.stderr.close()
-            sys.exit(exitcodes.OK)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
-            raise
-        except Exception as exc:
-            if debug:
-                raise
-            click.echo(
-                f"offload-doctor: internal error: {type(exc).__name__}: {exc} "
-                "(set OFFLOAD_DOCTOR_DEBUG=1 for the traceback)",
-                err=True,
-            )
-            sys.exit(exitcodes.INTERNAL)
-
-    return wrapper  # type: ignore[return-value]
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="offload-doctor")
@@ -78,9 +40,46 @@ def _register() -> None:
 _register()
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the CLI; every outcome leaves through one of the exit codes in `exitcodes`.
+
+    Commands return their exit status as an int.
+    """
+    debug = bool(os.environ.get("OFFLOAD_DOCTOR_DEBUG"))
     try:
-        cli.main(prog_name="offload-doctor")
-    except KeyboardInterrupt:
-        click.echo("offload-doctor: interrupted", err=True)
+        rv = cli.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="offload-doctor",
+            standalone_mode=False,
+        )
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exitcodes.USAGE if exc.exit_code in (1, 2) else exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        _stderr("offload-doctor: interrupted")
         sys.exit(exitcodes.INTERRUPTED)
+    except DoctorError as exc:
+        _stderr(f"offload-doctor: error: {exc}")
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        # Reader went away (e.g. `| head`): not worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(exitcodes.OK)
+    except Exception as exc:
+        if debug:
+            raise
+        _stderr(
+            f"offload-doctor: internal error: {type(exc).__name__}: {exc} "
+            "(set OFFLOAD_DOCTOR_DEBUG=1 for the traceback)"
+        )
+        sys.exit(exitcodes.INTERNAL)
+    sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
+
+
+def _stderr(message: str) -> None:
+    try:
+        click.echo(message, err=True)
+    except OSError:
+        pass
