@@ -1,0 +1,373 @@
+"""Start `vllm serve` in its own process group, wait until it is ready, and always take it down.
+
+Lifecycle (after mirakuru/honcho, without their pitfalls):
+
+* `Popen(argv, start_new_session=True)`, never a shell; stdout and stderr go to a log file,
+  never to a pipe nobody reads.
+* The child's environment carries `OFFLOAD_DOCTOR_RUN=<uuid>`, and the process tree is recorded
+  while it runs, so grandchildren that re-parent or leave the group are still found.
+* Readiness: `/health` answers 200 and `/v1/models` lists the served model, polled against a
+  `time.monotonic()` deadline; an early exit is noticed at the next poll (0.25 s).
+* `stop()`: SIGINT to the group, wait; SIGTERM, wait; SIGKILL; then a sweep of every recorded or
+  tagged process; then wait until the port is free. SIGINT is deferred while this runs so a second
+  Ctrl+C cannot leave a half-stopped server behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from vllm_offload_doctor.ports import probe_port
+
+RUN_TAG = "OFFLOAD_DOCTOR_RUN"
+POLL_S = 0.25
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached offload-doctor; unwinds through the same cleanup as Ctrl+C."""
+
+
+@dataclass(slots=True)
+class StartResult:
+    ready: bool
+    startup_s: float
+    exited: bool = False
+    returncode: int | None = None
+    timed_out: bool = False
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class StopResult:
+    stop_s: float = 0.0
+    signals: list[str] = field(default_factory=list)
+    returncode: int | None = None
+    swept: list[int] = field(default_factory=list)  # pids killed by the final sweep
+    survivors: list[int] = field(default_factory=list)  # pids still alive afterwards (should be [])
+    port_free: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stop_s": round(self.stop_s, 3),
+            "signals": self.signals,
+            "returncode": self.returncode,
+            "swept": self.swept,
+            "survivors": self.survivors,
+            "port_free": self.port_free,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TreeProc:
+    pid: int
+    create_time: float
+    name: str
+
+
+class ServerProcess:
+    """One `vllm serve` run. Use as a context manager: `__exit__` always stops it."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        log_path: Path,
+        host: str,
+        port: int,
+        served_model: str,
+        env: dict[str, str] | None = None,
+        grace_s: float = 10.0,
+        term_s: float = 5.0,
+        port_wait_s: float = 15.0,
+    ) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self.host = host
+        self.port = port
+        self.served_model = served_model
+        self.tag = uuid.uuid4().hex
+        self.env = dict(os.environ if env is None else env)
+        self.env[RUN_TAG] = self.tag
+        self.grace_s = grace_s
+        self.term_s = term_s
+        self.port_wait_s = port_wait_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.tree: dict[int, TreeProc] = {}
+        self.started_at: float | None = None
+        self.stop_result: StopResult | None = None
+        self._log: IO[bytes] | None = None
+
+    # ------------------------------------------------------------------ start / readiness
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.started_at = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        except OSError:
+            self._log.close()
+            self._log = None
+            raise
+        self.record_tree()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started_at is None else time.monotonic() - self.started_at
+
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if host in ("0.0.0.0", "[::]"):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    def wait_ready(
+        self,
+        timeout_s: float,
+        on_tick: Callable[[float], None] | None = None,
+    ) -> StartResult:
+        """Poll until ready, exited or timed out. `on_tick(elapsed)` runs on every poll."""
+        import httpx
+
+        assert self.proc is not None, "start() first"
+        deadline = (self.started_at or time.monotonic()) + timeout_s
+        url = self.base_url()
+        with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0), trust_env=False) as client:
+            while True:
+                self.record_tree()
+                rc = self.proc.poll()
+                if on_tick:
+                    on_tick(self.elapsed())
+                if rc is not None:
+                    return StartResult(
+                        False, self.elapsed(), exited=True, returncode=rc,
+                        reason=f"the server exited with status {rc} before it was ready",
+                    )
+                if self._ready(client, url):
+                    return StartResult(True, self.elapsed())
+                if time.monotonic() >= deadline:
+                    return StartResult(
+                        False, self.elapsed(), timed_out=True,
+                        reason=f"not ready after {timeout_s:g} s (--timeout)",
+                    )
+                time.sleep(POLL_S)
+
+    def _ready(self, client: Any, url: str) -> bool:
+        import httpx
+
+        try:
+            if client.get(f"{url}/health").status_code != 200:
+                return False
+            resp = client.get(f"{url}/v1/models")
+            if resp.status_code != 200:
+                return False
+            ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        return self.served_model in ids
+
+    # ------------------------------------------------------------------ process tree
+
+    def record_tree(self) -> None:
+        """Remember every descendant seen so far (pid + create time guards against pid reuse)."""
+        import psutil
+
+        if self.proc is None:
+            return
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for p in procs:
+            if p.pid in self.tree:
+                continue
+            try:
+                self.tree[p.pid] = TreeProc(p.pid, p.create_time(), p.name())
+            except psutil.Error:
+                continue
+
+    def live_tree(self) -> list[int]:
+        """Pids of the server tree alive now (recorded ones plus current descendants)."""
+        import psutil
+
+        self.record_tree()
+        alive = []
+        for tp in self.tree.values():
+            try:
+                p = psutil.Process(tp.pid)
+                if p.create_time() == tp.create_time and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(tp.pid)
+            except psutil.Error:
+                continue
+        return sorted(alive)
+
+    def _tagged(self) -> list[Any]:
+        """Processes carrying this run's environment tag (catches escaped grandchildren)."""
+        import psutil
+
+        found = []
+        me = os.getpid()
+        for p in psutil.process_iter(["pid"]):
+            if p.pid == me:
+                continue
+            try:
+                if p.environ().get(RUN_TAG) == self.tag:
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self) -> StopResult:
+        if self.stop_result is not None:
+            return self.stop_result
+        with _sigint_deferred():
+            result = self._stop()
+        self.stop_result = result
+        return result
+
+    def _stop(self) -> StopResult:
+        import psutil
+
+        res = StopResult()
+        t0 = time.monotonic()
+        if self.proc is None:
+            return res
+        self.record_tree()
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        for sig, wait_s in ((signal.SIGINT, self.grace_s), (signal.SIGTERM, self.term_s)):
+            if not self._group_alive(pgid) and self.proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+                res.signals.append(sig.name)
+            self._wait_group(pgid, wait_s)
+        if self._group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                res.signals.append("SIGKILL")
+        try:
+            res.returncode = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            res.returncode = self.proc.wait()
+        # Sweep: recorded descendants that left the group, and anything carrying our tag.
+        leftovers: dict[int, Any] = {}
+        for pid in self.live_tree():
+            with contextlib.suppress(psutil.Error):
+                leftovers[pid] = psutil.Process(pid)
+        for p in self._tagged():
+            leftovers.setdefault(p.pid, p)
+        for p in leftovers.values():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+                res.swept.append(p.pid)
+        _gone, alive = psutil.wait_procs(list(leftovers.values()), timeout=5)
+        res.survivors = sorted(p.pid for p in alive)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        res.port_free = self.wait_port_free(self.port_wait_s)
+        res.stop_s = time.monotonic() - t0
+        return res
+
+    def _group_alive(self, pgid: int) -> bool:
+        if self.proc is not None:
+            self.proc.poll()  # reap a zombie leader so it does not keep the group "alive"
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _wait_group(self, pgid: int, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not self._group_alive(pgid):
+                return
+            time.sleep(0.05)
+
+    def wait_port_free(self, wait_s: float) -> bool:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if probe_port(self.host, self.port).free:
+                    return True
+            except OSError:
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM while cleaning up; re-deliver a KeyboardInterrupt afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    old_int = signal.signal(signal.SIGINT, note)
+    old_term = signal.signal(signal.SIGTERM, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    if pending:
+        raise Terminated() if pending[-1] == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While active, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
