@@ -1,0 +1,109 @@
+"""The startup phase of `vllm serve`, read live from its log, and a one-line progress display."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import TextIO
+
+# (phase, pattern); the latest phase whose pattern appeared wins. Order = startup order.
+PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("starting", re.compile(r"non-default args:|Initializing a V1 LLM engine")),
+    (
+        "loading weights",
+        re.compile(
+            r"Starting to load model|Loading model from scratch|Loading safetensors checkpoint"
+            r"|Loading weights took|Model loading took"
+        ),
+    ),
+    (
+        "torch.compile",
+        re.compile(r"Dynamo bytecode transform|Compiling a graph|torch\.compile took"),
+    ),
+    ("profiling", re.compile(r"Initial profiling/warmup run|Profiling CUDA graph memory")),
+    ("KV cache", re.compile(r"Available KV cache memory|KV cache size:")),
+    ("CUDA graphs", re.compile(r"Capturing CUDA graphs|Graph capturing finished")),
+    (
+        "starting API server",
+        re.compile(r"init engine \(profile|Starting vLLM server on|Available routes"),
+    ),
+    ("ready", re.compile(r"Application startup complete")),
+)
+FAILED = re.compile(
+    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
+    r"|^(?:\(\S+ pid=\d+\) )?\w*(?:Error|Exception): "
+)
+_ORDER = {name: i for i, (name, _) in enumerate(PHASES)}
+
+
+def phase_of(line: str, current: str) -> str:
+    """The phase after seeing `line` (never goes backwards, except to `failed`)."""
+    if FAILED.search(line):
+        return "failed"
+    if current == "failed":
+        return current
+    for name, pat in reversed(PHASES):
+        if pat.search(line):
+            return name if _ORDER[name] >= _ORDER.get(current, 0) else current
+    return current
+
+
+class LogFollower:
+    """Reads what was appended to a log since the last call and tracks the phase."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.phase = "launching"
+
+    def poll(self) -> str:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return self.phase
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        for raw in lines:
+            for piece in raw.split(b"\r"):  # progress bars rewrite lines with \r
+                self.phase = phase_of(piece.decode("utf-8", "replace"), self.phase)
+        return self.phase
+
+
+class Progress:
+    """Elapsed time and phase on stderr: rewritten in place on a TTY, one line per change else."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.last_phase: str | None = None
+        self.last_len = 0
+
+    def update(self, elapsed_s: float, phase: str) -> None:
+        text = f"[{self.label}] {elapsed_s:6.1f} s  {phase}"
+        if self.tty:
+            pad = " " * max(0, self.last_len - len(text))
+            self.stream.write(f"\r{text}{pad}")
+            self.last_len = len(text)
+            self.stream.flush()
+        elif phase != self.last_phase:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        self.last_phase = phase
+
+    def line(self, message: str) -> None:
+        """A permanent line (ends the in-place one first)."""
+        self.done()
+        self.stream.write(f"[{self.label}] {message}\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self.last_len:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.last_len = 0
