@@ -1,0 +1,691 @@
+"""Every check, through a fake Probe, for each status it can give."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from vllm_offload_doctor.checks import (
+    GIB,
+    CheckResult,
+    Options,
+    Report,
+    Status,
+    env_effect,
+    kernel_tuple,
+    run_checks,
+    visible_indices,
+)
+from vllm_offload_doctor.modelsize import ModelNotFoundError, ModelSize
+from vllm_offload_doctor.ports import PortState
+from vllm_offload_doctor.probes import (
+    GpuInfo,
+    GpuProcess,
+    HostMemory,
+    InterpreterInfo,
+    NvmlInfo,
+    PlatformInfo,
+)
+
+LINUX = PlatformInfo("Linux", "6.8.0-45-generic", "x86_64", vllm_sees_wsl=False)
+WSL2 = PlatformInfo(
+    "Linux",
+    "5.15.153.1-microsoft-standard-WSL2",
+    "x86_64",
+    vllm_sees_wsl=True,
+    wsl_markers=("WSL_DISTRO_NAME",),
+)
+H100 = GpuInfo(
+    index=0,
+    name="NVIDIA H100 80GB HBM3",
+    compute_capability=(9, 0),
+    memory_total=80 * GIB,
+    memory_free=79 * GIB,
+    mig_enabled=False,
+    pcie_gen=5,
+    pcie_width=16,
+    pcie_gen_max=5,
+    pcie_width_max=16,
+)
+NVML = NvmlInfo(driver_version="550.54.15", cuda_driver_version="12.4", gpus=(H100,))
+PY = InterpreterInfo(
+    executable="/opt/venv/bin/python",
+    source="shebang of /opt/venv/bin/vllm",
+    python_version="3.12.3",
+    vllm_version="0.33.0",
+    vllm_requires_python="<3.15,>=3.11",
+    torch_version="2.14.0",
+)
+MEM = HostMemory(
+    total=256 * GIB,
+    available=200 * GIB,
+    swap_total=0,
+    swap_free=0,
+    memlock_soft=8 << 20,
+    memlock_hard=8 << 20,
+)
+MODEL_16G = ModelSize(
+    path="/models/llama-8b",
+    total_bytes=16 * GIB,
+    source="safetensors index",
+    estimated=False,
+    architectures=("LlamaForCausalLM",),
+    dtype="bfloat16",
+)
+
+
+@dataclass
+class FakeProbe:
+    plat: PlatformInfo = LINUX
+    interp: InterpreterInfo = PY
+    nvml_info: NvmlInfo = NVML
+    mem: HostMemory = MEM
+    port_state: PortState | OSError = field(
+        default_factory=lambda: PortState("127.0.0.1", 8000, True)
+    )
+    env: dict[str, str] = field(default_factory=dict)
+    model: ModelSize | Exception = MODEL_16G
+    crash: set[str] = field(default_factory=set)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def _hit(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if name in self.crash:
+            raise RuntimeError(f"{name} probe exploded")
+
+    def platform(self) -> PlatformInfo:
+        self._hit("platform")
+        return self.plat
+
+    def interpreter(self, python: str | None) -> InterpreterInfo:
+        self._hit("interpreter")
+        return self.interp
+
+    def nvml(self) -> NvmlInfo:
+        self._hit("nvml")
+        return self.nvml_info
+
+    def host_memory(self) -> HostMemory:
+        self._hit("host_memory")
+        return self.mem
+
+    def port(self, host: str, port: int) -> PortState:
+        self._hit("port")
+        if isinstance(self.port_state, OSError):
+            raise self.port_state
+        return self.port_state
+
+    def environ(self) -> Mapping[str, str]:
+        self._hit("environ")
+        return self.env
+
+    def model_size(self, model: str) -> ModelSize:
+        self._hit("model_size")
+        if isinstance(self.model, Exception):
+            raise self.model
+        return self.model
+
+
+def run(probe: FakeProbe | None = None, **options: object) -> dict[str, CheckResult]:
+    report = run_checks(probe or FakeProbe(), Options(**options))  # type: ignore[arg-type]
+    return {c.id: c for c in report.checks}
+
+
+def one(check_id: str, probe: FakeProbe | None = None, **options: object) -> CheckResult:
+    return run(probe, **options)[check_id]
+
+
+# --- whole report ------------------------------------------------------------------
+
+
+def test_healthy_machine_is_all_ok_except_fit_skip() -> None:
+    results = run()
+    assert list(results) == [
+        "os", "wsl", "python", "vllm", "nvml", "gpu[0]", "host_memory", "fit", "port", "env",
+    ]  # fmt: skip
+    assert {c.status for k, c in results.items() if k != "fit"} == {Status.OK}
+    assert results["fit"].status is Status.SKIP
+
+
+def test_each_probe_is_read_once() -> None:
+    probe = FakeProbe()
+    run(probe, model="x", offload_gb=4)
+    assert all(n == 1 for n in probe.calls.values()), probe.calls
+
+
+def test_crashing_probe_becomes_skip_with_reason_and_others_still_run() -> None:
+    results = run(FakeProbe(crash={"nvml"}))
+    assert results["nvml"].status is Status.SKIP
+    assert "nvml probe exploded" in results["nvml"].message
+    assert results["gpu"].status is Status.SKIP
+    assert results["os"].status is Status.OK
+
+
+def test_exit_codes() -> None:
+    ok = CheckResult("a", "A", Status.OK, "")
+    warn = CheckResult("b", "B", Status.WARN, "")
+    fail = CheckResult("c", "C", Status.FAIL, "")
+    skip = CheckResult("d", "D", Status.SKIP, "")
+    assert Report((ok, warn, skip)).exit_code() == 0
+    assert Report((ok, warn)).exit_code(strict=True) == 1
+    assert Report((ok, skip)).exit_code(strict=True) == 0
+    assert Report((ok, fail)).exit_code() == 1
+    assert Report((skip, skip)).exit_code() == 2
+
+
+def test_every_probe_crashing_exits_2() -> None:
+    everything = {"platform", "interpreter", "nvml", "host_memory", "port", "environ"}
+    report = run_checks(FakeProbe(crash=everything), Options())
+    assert {c.status for c in report.checks} == {Status.SKIP}
+    assert report.exit_code() == 2
+
+
+def test_json_dict_schema() -> None:
+    report = run_checks(FakeProbe(), Options(offload_gb=2))
+    data = report.to_dict()
+    assert data["schema_version"] == 1
+    assert set(data) == {"schema_version", "tool_version", "checks", "summary", "facts"}
+    assert set(data["checks"][0]) == {
+        "id", "title", "status", "message", "details", "remedy", "links",
+    }  # fmt: skip
+    assert data["summary"] == {"ok": 9, "warn": 0, "fail": 0, "skip": 1}
+    assert data["facts"]["nvml"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert data["facts"]["options"]["offload_gb"] == 2
+
+
+# --- os and WSL ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("system", "status", "words"),
+    [
+        ("Linux", Status.OK, "Linux"),
+        ("Windows", Status.FAIL, "native Windows"),
+        ("Darwin", Status.FAIL, "macOS"),
+        ("FreeBSD", Status.FAIL, "needs Linux"),
+    ],
+)
+def test_os(system: str, status: Status, words: str) -> None:
+    result = one("os", FakeProbe(plat=replace(LINUX, system=system)))
+    assert result.status is status
+    assert words in result.message
+    if system == "Windows":
+        assert "WSL2" in result.remedy
+
+
+def test_wsl_native_linux_is_ok() -> None:
+    assert one("wsl").status is Status.OK
+
+
+def test_wsl_skipped_off_linux() -> None:
+    assert one("wsl", FakeProbe(plat=replace(LINUX, system="Darwin"))).status is Status.SKIP
+
+
+def test_wsl_markers_without_microsoft_kernel_warn() -> None:
+    probe = FakeProbe(plat=replace(LINUX, wsl_markers=("WSL_INTEROP",)))
+    assert one("wsl", probe).status is Status.WARN
+
+
+def test_wsl2_without_pin_memory_variable_warns() -> None:
+    result = one("wsl", FakeProbe(plat=WSL2))
+    assert result.status is Status.WARN
+    assert "VLLM_WSL2_ENABLE_PIN_MEMORY" in result.message
+    assert result.remedy == "export VLLM_WSL2_ENABLE_PIN_MEMORY=1"
+
+
+def test_wsl2_with_pin_memory_variable_ok() -> None:
+    probe = FakeProbe(plat=WSL2, env={"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
+    result = one("wsl", probe)
+    assert result.status is Status.OK
+    assert any("half of RAM" in d for d in result.details)
+
+
+def test_wsl2_offload_above_windows_pinned_cap_fails() -> None:
+    probe = FakeProbe(plat=WSL2, env={"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
+    result = one("wsl", probe, offload_gb=100, tensor_parallel_size=2)  # 200 > 128
+    assert result.status is Status.FAIL
+    assert "cap" in result.message
+
+
+def test_wsl2_old_kernel_warns() -> None:
+    plat = replace(WSL2, release="4.19.104-microsoft-standard")
+    probe = FakeProbe(plat=plat, env={"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
+    result = one("wsl", probe)
+    assert result.status is Status.WARN
+    assert "4.19.121" in result.message
+    assert "wsl --update" in result.remedy
+
+
+def test_wsl1_fails() -> None:
+    plat = replace(WSL2, release="4.4.0-19041-Microsoft")
+    assert one("wsl", FakeProbe(plat=plat)).status is Status.FAIL
+
+
+@pytest.mark.parametrize(
+    ("version", "status"),
+    [("0.16.0", Status.FAIL), ("0.20.2", Status.WARN), ("0.23.0", Status.WARN)],
+)
+def test_wsl2_with_older_vllm(version: str, status: Status) -> None:
+    probe = FakeProbe(plat=WSL2, interp=replace(PY, vllm_version=version))
+    assert one("wsl", probe).status is status
+
+
+def test_kernel_tuple() -> None:
+    assert kernel_tuple("5.15.153.1-microsoft-standard-WSL2") == (5, 15, 153, 1)
+    assert kernel_tuple("4.19.121-microsoft-standard") >= (4, 19, 121)
+    assert kernel_tuple("6.8.0+") == (6, 8)
+
+
+# --- Python and vLLM -------------------------------------------------------------------
+
+
+def test_python_in_requires_python_ok() -> None:
+    result = one("python")
+    assert result.status is Status.OK
+    assert "3.12.3" in result.message
+    assert "interpreter: /opt/venv/bin/python" in result.details
+
+
+def test_python_outside_requires_python_fails() -> None:
+    result = one("python", FakeProbe(interp=replace(PY, python_version="3.10.12")))
+    assert result.status is Status.FAIL
+    assert ">=3.11" in result.message
+
+
+def test_python_without_vllm_judged_against_current_vllm() -> None:
+    interp = replace(PY, python_version="3.10.12", vllm_version=None, vllm_requires_python=None)
+    result = one("python", FakeProbe(interp=interp))
+    assert result.status is Status.WARN
+    assert "current vLLM" in result.message
+
+
+def test_python_interpreter_that_cannot_run_fails() -> None:
+    interp = InterpreterInfo("/gone/python", "--python", error="cannot run it: No such file")
+    results = run(FakeProbe(interp=interp))
+    assert results["python"].status is Status.FAIL
+    assert results["vllm"].status is Status.SKIP
+
+
+def test_vllm_missing_fails() -> None:
+    result = one("vllm", FakeProbe(interp=replace(PY, vllm_version=None)))
+    assert result.status is Status.FAIL
+    assert "not installed" in result.message
+
+
+@pytest.mark.parametrize(
+    ("version", "env", "status"),
+    [
+        ("0.33.0", None, Status.OK),
+        ("0.28.0", "1", Status.OK),
+        ("0.27.1", None, Status.FAIL),
+        ("0.25.0", "1", Status.FAIL),
+        ("0.27.1", "0", Status.OK),
+        ("0.23.0", None, Status.WARN),
+        ("0.23.0", "0", Status.OK),
+        ("0.19.0", None, Status.OK),
+        ("0.19.0", "1", Status.FAIL),
+        ("0.14.0", None, Status.WARN),
+        ("0.8.5", None, Status.WARN),
+        ("0.27.1.dev3+gabc", None, Status.FAIL),
+    ],
+)
+def test_vllm_version_advice(version: str, env: str | None, status: Status) -> None:
+    probe = FakeProbe(
+        interp=replace(PY, vllm_version=version),
+        env={"VLLM_USE_V2_MODEL_RUNNER": env} if env is not None else {},
+    )
+    result = one("vllm", probe)
+    assert result.status is status, result.message
+    if status is Status.FAIL:
+        assert "https://github.com/vllm-project/vllm/issues/51396" in result.links
+        assert "https://github.com/vllm-project/vllm/pull/51413" in result.links
+        assert "0.28.0" in result.remedy
+
+
+def test_vllm_unparseable_version_warns() -> None:
+    assert one("vllm", FakeProbe(interp=replace(PY, vllm_version="banana"))).status is Status.WARN
+
+
+def test_vllm_reports_torch() -> None:
+    assert "torch 2.14.0" in one("vllm").details
+
+
+# --- NVML and GPUs --------------------------------------------------------------------
+
+
+def test_nvml_missing_fails_with_clear_message_and_no_gpu_rows() -> None:
+    probe = FakeProbe(nvml_info=NvmlInfo(error="NVML could not start: Driver Not Loaded"))
+    results = run(probe, model="m")
+    assert results["nvml"].status is Status.FAIL
+    assert "Driver Not Loaded" in results["nvml"].message
+    assert "nvidia-smi" in results["nvml"].remedy
+    assert not [k for k in results if k.startswith("gpu")]
+    assert results["fit"].status is Status.SKIP
+
+
+def test_pynvml_module_missing_remedy() -> None:
+    probe = FakeProbe(nvml_info=NvmlInfo(error="the pynvml module (nvidia-ml-py) is not installed"))
+    assert one("nvml", probe).remedy == "pip install nvidia-ml-py"
+
+
+def test_nvml_no_gpu_fails() -> None:
+    probe = FakeProbe(nvml_info=replace(NVML, gpus=()))
+    assert one("nvml", probe).status is Status.FAIL
+
+
+def test_nvml_ok_reports_driver_and_cuda() -> None:
+    result = one("nvml")
+    assert result.status is Status.OK
+    assert "550.54.15" in result.message and "12.4" in result.message
+
+
+def test_tensor_parallel_needs_enough_gpus() -> None:
+    result = one("nvml", tensor_parallel_size=2)
+    assert result.status is Status.FAIL
+    assert "needs 2" in result.message
+
+
+def test_cuda_visible_devices_empty_hides_gpus() -> None:
+    probe = FakeProbe(env={"CUDA_VISIBLE_DEVICES": ""})
+    assert one("nvml", probe).status is Status.FAIL
+    assert one("env", probe).status is Status.FAIL
+
+
+def test_old_gpu_7_0_fails() -> None:
+    v100 = replace(H100, name="Tesla V100-SXM2-32GB", compute_capability=(7, 0))
+    result = one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(v100,))))
+    assert result.status is Status.FAIL
+    assert "7.0" in result.message and "7.5" in result.message
+
+
+def test_turing_7_5_warns_no_bf16() -> None:
+    t4 = replace(H100, name="Tesla T4", compute_capability=(7, 5))
+    result = one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(t4,))))
+    assert result.status is Status.WARN
+    assert "bfloat16" in result.message
+    assert "--dtype half" in result.remedy
+
+
+def test_gpu_unknown_compute_capability_warns() -> None:
+    gpu = replace(H100, compute_capability=None)
+    assert one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(gpu,)))).status is Status.WARN
+
+
+def test_gpu_busy_with_other_process_fails_and_names_it() -> None:
+    busy = replace(
+        H100,
+        memory_free=30 * GIB,
+        processes=(GpuProcess(4242, "python3", 50 * GIB),),
+    )
+    result = one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(busy,))))
+    assert result.status is Status.FAIL
+    assert "pid 4242 (python3)" in result.message
+    assert "process pid 4242 (python3): 51200 MiB" in result.details
+    assert "0.37" in result.remedy  # 30/80 rounded down
+
+
+def test_mig_enabled_warns() -> None:
+    gpu = replace(H100, mig_enabled=True)
+    assert one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(gpu,)))).status is Status.WARN
+
+
+def test_pcie_reports_bandwidth_and_idle_downtraining_is_not_a_warning() -> None:
+    idle = replace(H100, pcie_gen=1, pcie_width=16)
+    result = one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(idle,))), offload_gb=10)
+    assert result.status is Status.OK
+    text = "\n".join(result.details)
+    assert "Gen1 x16 now (4.0 GB/s)" in text
+    assert "max Gen5 x16 (63.0 GB/s" in text
+    assert "save power" in text
+    assert "ms per step" in text
+
+
+def test_pcie_narrow_link_warns() -> None:
+    narrow = replace(H100, pcie_width=8)
+    assert one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(narrow,)))).status is Status.WARN
+
+
+def test_pcie_slow_link_warns_only_with_offload() -> None:
+    slow = replace(H100, pcie_gen=3, pcie_width=4, pcie_gen_max=3, pcie_width_max=4)
+    probe = FakeProbe(nvml_info=replace(NVML, gpus=(slow,)))
+    assert one("gpu[0]", probe).status is Status.OK
+    assert one("gpu[0]", probe, offload_gb=4).status is Status.WARN
+
+
+def test_pcie_unknown() -> None:
+    gpu = replace(H100, pcie_gen=None)
+    result = one("gpu[0]", FakeProbe(nvml_info=replace(NVML, gpus=(gpu,))))
+    assert "PCIe link: unknown" in result.details
+
+
+def two_gpus(free1: int = 79 * GIB) -> NvmlInfo:
+    return replace(NVML, gpus=(H100, replace(H100, index=1, memory_free=free1)))
+
+
+def test_two_gpus_tensor_parallel_reports_both() -> None:
+    results = run(FakeProbe(nvml_info=two_gpus()), tensor_parallel_size=2, offload_gb=8)
+    assert results["gpu[0]"].status is Status.OK
+    assert results["gpu[1]"].status is Status.OK
+    assert "2 GPU(s), using 2" in results["nvml"].message
+
+
+def test_unused_gpu_memory_is_not_a_failure() -> None:
+    probe = FakeProbe(nvml_info=two_gpus(free1=1 * GIB))
+    results = run(probe, tensor_parallel_size=1)
+    assert results["gpu[1]"].status is Status.OK
+    assert any("not used" in d for d in results["gpu[1]"].details)
+    assert run(probe, tensor_parallel_size=2)["gpu[1]"].status is Status.FAIL
+
+
+def test_cuda_visible_devices_selects_the_used_gpu() -> None:
+    probe = FakeProbe(nvml_info=two_gpus(free1=1 * GIB), env={"CUDA_VISIBLE_DEVICES": "1"})
+    results = run(probe)
+    assert results["gpu[1]"].status is Status.FAIL
+    assert results["gpu[0]"].status is Status.OK
+
+
+def test_visible_indices() -> None:
+    assert visible_indices(None, 2) == [0, 1]
+    assert visible_indices("1,0", 2) == [1, 0]
+    assert visible_indices("0,7,1", 2) == [0]  # CUDA stops at the first invalid entry
+    assert visible_indices("", 2) == []
+    assert visible_indices("GPU-1234", 2) is None
+
+
+# --- host memory -----------------------------------------------------------------------
+
+
+def test_host_memory_without_offload_ok() -> None:
+    result = one("host_memory")
+    assert result.status is Status.OK
+    assert "256.0 GiB RAM" in result.message
+
+
+def test_host_memory_budget_uses_tensor_parallel_size() -> None:
+    probe = FakeProbe(nvml_info=two_gpus())
+    result = one("host_memory", probe, offload_gb=40, tensor_parallel_size=2)
+    assert "~152.0 GiB needed" in result.message  # 1.9 x 40 x 2
+    assert result.status is Status.OK
+    assert "https://github.com/vllm-project/vllm/issues/56410" in result.links
+
+
+def test_too_little_host_ram_fails() -> None:
+    mem = replace(MEM, total=64 * GIB, available=60 * GIB)
+    result = one("host_memory", FakeProbe(mem=mem), offload_gb=40)  # needs 76
+    assert result.status is Status.FAIL
+    assert "64.0 GiB usable" in result.message
+
+
+def test_host_ram_not_available_now_warns() -> None:
+    mem = replace(MEM, total=256 * GIB, available=50 * GIB)
+    assert one("host_memory", FakeProbe(mem=mem), offload_gb=40).status is Status.WARN
+
+
+def test_cgroup_limit_caps_usable_memory() -> None:
+    mem = replace(MEM, cgroup_limit=32 * GIB, cgroup_usage=2 * GIB)
+    result = one("host_memory", FakeProbe(mem=mem), offload_gb=20)  # needs 38 > 32
+    assert result.status is Status.FAIL
+    assert "cgroup limit 32.0 GiB" in result.message
+
+
+def test_memlock_is_reported_honestly_without_failing() -> None:
+    result = one("host_memory", offload_gb=10)
+    assert result.status is Status.OK
+    assert any("RLIMIT_MEMLOCK (8192 KiB)" in d for d in result.details)
+
+
+# --- fit -------------------------------------------------------------------------------
+
+
+def test_fit_skipped_without_model() -> None:
+    assert one("fit").status is Status.SKIP
+
+
+def test_fit_model_not_local_skips_with_reason() -> None:
+    probe = FakeProbe(model=ModelNotFoundError("org/x is not in the local cache"))
+    result = one("fit", probe, model="org/x")
+    assert result.status is Status.SKIP
+    assert "not in the local cache" in result.message
+
+
+def test_fits_without_offload_ok() -> None:
+    result = one("fit", model="m")
+    assert result.status is Status.OK
+    assert "without offload" in result.message
+
+
+def test_fits_without_offload_but_offload_given_warns_slower() -> None:
+    result = one("fit", model="m", offload_gb=4)
+    assert result.status is Status.WARN
+    assert "only costs speed" in result.message
+    assert "https://github.com/vllm-project/vllm/issues/57771" in result.links
+
+
+BIG = replace(MODEL_16G, total_bytes=140 * GIB)  # a 70B model in bf16
+
+
+def test_does_not_fit_without_offload_fails_with_minimum() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m")
+    assert result.status is Status.FAIL
+    # budget 72 GiB, headroom 3.6 GiB: 140 + 3.6 - 72 = 71.6 -> 72
+    assert "at least 72 GiB" in result.message
+
+
+def test_fits_only_with_offload_ok() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=80)
+    assert result.status is Status.OK
+    assert "fit only with offload" in result.message
+
+
+def test_does_not_fit_even_with_offload_fails() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=20)
+    assert result.status is Status.FAIL
+    assert "even with 20 GiB offloaded" in result.message
+
+
+def test_fit_per_gpu_with_tensor_parallel() -> None:
+    probe = FakeProbe(model=BIG, nvml_info=two_gpus())
+    result = one("fit", probe, model="m", tensor_parallel_size=2)  # 70 per GPU, 72 budget
+    assert result.status is Status.FAIL  # headroom 3.6 GiB does not fit
+    result = one("fit", probe, model="m", tensor_parallel_size=2, offload_gb=2)
+    assert result.status is Status.OK
+    assert "70.0 GiB of weights per GPU" in result.message
+
+
+def test_fit_budget_too_small_for_anything() -> None:
+    result = one(
+        "fit", FakeProbe(model=BIG), model="m", gpu_memory_utilization=0.01, offload_gb=200
+    )
+    assert result.status is Status.FAIL
+    assert "no room" in result.message
+
+
+def test_fit_estimate_is_labelled() -> None:
+    est = replace(MODEL_16G, estimated=True, source="estimate from config.json")
+    result = one("fit", FakeProbe(model=est), model="m")
+    assert "estimated" in result.message
+
+
+# --- port ------------------------------------------------------------------------------
+
+
+def test_port_free_ok() -> None:
+    assert one("port").status is Status.OK
+
+
+def test_busy_port_fails_and_names_holder() -> None:
+    busy = PortState("127.0.0.1", 8000, False, pid=777, process="vllm")
+    result = one("port", FakeProbe(port_state=busy))
+    assert result.status is Status.FAIL
+    assert "pid 777 (vllm)" in result.message
+    assert "already be running" in result.message
+
+
+def test_port_that_cannot_be_tested_skips() -> None:
+    err = OSError(99, "Cannot assign requested address")
+    result = one("port", FakeProbe(port_state=err), host="10.9.9.9")
+    assert result.status is Status.SKIP
+    assert "Cannot assign requested address" in result.message
+
+
+# --- environment ----------------------------------------------------------------------
+
+
+def test_env_nothing_set_ok() -> None:
+    result = one("env")
+    assert result.status is Status.OK
+    assert "none of the variables" in result.message
+
+
+def test_env_disable_uva_warns() -> None:
+    result = one("env", FakeProbe(env={"VLLM_WEIGHT_OFFLOADING_DISABLE_UVA": "1"}))
+    assert result.status is Status.WARN
+    assert "every pass" in result.message
+
+
+def test_env_bad_flag_value_fails() -> None:
+    result = one("env", FakeProbe(env={"VLLM_USE_V2_MODEL_RUNNER": "true"}))
+    assert result.status is Status.FAIL
+
+
+def test_env_shows_effects_and_never_secrets() -> None:
+    env = {
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "VLLM_API_KEY": "supersecretvalue123",
+        "VLLM_LOGGING_LEVEL": "DEBUG",
+        "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz",
+    }
+    result = one("env", FakeProbe(env=env))
+    text = repr(dataclasses.asdict(result))
+    assert result.status is Status.OK
+    assert "supersecretvalue123" not in text and "hf_abcdefghij" not in text
+    assert "VLLM_API_KEY=***" in result.details
+    assert "VLLM_LOGGING_LEVEL=DEBUG" in result.details
+    assert any(
+        d.startswith("VLLM_USE_V2_MODEL_RUNNER=0: forces Model Runner V1") for d in result.details
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "status"),
+    [
+        ("VLLM_USE_V2_MODEL_RUNNER", "1", Status.OK),
+        ("VLLM_WEIGHT_OFFLOADING_DISABLE_UVA", "0", Status.OK),
+        ("VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY", "1", Status.WARN),
+        ("VLLM_WSL2_ENABLE_PIN_MEMORY", "yes", Status.FAIL),
+        ("CUDA_VISIBLE_DEVICES", "-1", Status.FAIL),
+        ("CUDA_VISIBLE_DEVICES", "0,1", Status.OK),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", Status.OK),
+    ],
+)
+def test_env_effect(name: str, value: str, status: Status) -> None:
+    assert env_effect(name, value, wsl=False)[0] is status
+
+
+def test_wsl_variable_outside_wsl_has_no_effect() -> None:
+    assert "no effect outside WSL" in env_effect("VLLM_WSL2_ENABLE_PIN_MEMORY", "1", wsl=False)[1]
+    assert "no effect" not in env_effect("VLLM_WSL2_ENABLE_PIN_MEMORY", "1", wsl=True)[1]
