@@ -1,0 +1,357 @@
+"""The real probe's readers, against a fake pynvml module, fake interpreters and fake files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import stat
+import sys
+import types
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_offload_doctor import probes
+from vllm_offload_doctor.modelsize import (
+    ModelNotFoundError,
+    ModelSizeUnknownError,
+    estimate_bytes,
+    inspect_model,
+    locate_model,
+)
+from vllm_offload_doctor.probes import (
+    RealProbe,
+    cuda_version,
+    find_interpreter,
+    read_cgroup_memory,
+    read_interpreter,
+    read_nvml,
+    shebang_interpreter,
+)
+
+GIB = 1 << 30
+
+# --- fake pynvml --------------------------------------------------------------------
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):
+    pass
+
+
+Mem = namedtuple("Mem", "total free used")
+Proc = namedtuple("Proc", "pid usedGpuMemory")
+
+
+def fake_pynvml(
+    *, init_error: str | None = None, gpus: list[dict[str, Any]] | None = None
+) -> types.ModuleType:
+    mod = types.ModuleType("pynvml")
+    gpus = gpus if gpus is not None else [{}]
+    state = {"shutdown": 0}
+
+    def init() -> None:
+        if init_error:
+            raise NVMLError(init_error)
+
+    def field(name: str, default: Any) -> Any:
+        def get(handle: int) -> Any:
+            value = gpus[handle].get(name, default)
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+        return get
+
+    mod.NVMLError = NVMLError  # type: ignore[attr-defined]
+    mod.nvmlInit = init  # type: ignore[attr-defined]
+    mod.nvmlShutdown = lambda: state.__setitem__("shutdown", state["shutdown"] + 1)  # type: ignore[attr-defined]
+    mod.nvmlSystemGetDriverVersion = lambda: b"550.54.15"  # type: ignore[attr-defined]
+    mod.nvmlSystemGetCudaDriverVersion = lambda: 12040  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCount = lambda: len(gpus)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetName = field("name", b"NVIDIA H200")  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCudaComputeCapability = field("cc", (9, 0))  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetMemoryInfo = field("mem", Mem(141 * GIB, 140 * GIB, GIB))  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetMigMode = field("mig", NVMLError_NotSupported("Not Supported"))  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetComputeRunningProcesses = field("procs", [])  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCurrPcieLinkGeneration = field("gen", 1)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCurrPcieLinkWidth = field("width", 16)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetMaxPcieLinkGeneration = field("gen_max", 5)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetMaxPcieLinkWidth = field("width_max", 16)  # type: ignore[attr-defined]
+    mod.state = state  # type: ignore[attr-defined]
+    return mod
+
+
+def test_read_nvml_decodes_bytes_and_tolerates_not_supported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mod = fake_pynvml(
+        gpus=[{"procs": [Proc(os.getpid(), 2 * GIB), Proc(999999, None)]}, {"mig": (1, 1)}]
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    info = read_nvml()
+    assert info.error is None
+    assert info.driver_version == "550.54.15"
+    assert info.cuda_driver_version == "12.4"
+    first, second = info.gpus
+    assert first.name == "NVIDIA H200"
+    assert first.compute_capability == (9, 0)
+    assert first.memory_total == 141 * GIB
+    assert first.mig_enabled is None  # NotSupported is "unknown", not a crash
+    assert second.mig_enabled is True
+    assert (first.pcie_gen, first.pcie_width, first.pcie_gen_max) == (1, 16, 5)
+    me, ghost = first.processes
+    assert me.pid == os.getpid() and me.used_bytes == 2 * GIB and me.name
+    assert ghost.name is None and ghost.used_bytes is None
+    assert mod.state["shutdown"] == 1  # type: ignore[attr-defined]
+
+
+def test_read_nvml_init_failure_is_an_error_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error="Driver Not Loaded"))
+    info = read_nvml()
+    assert info.error == "NVML could not start: Driver Not Loaded"
+    assert info.gpus == ()
+
+
+def test_read_nvml_query_failure_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = fake_pynvml(gpus=[{"name": NVMLError("GPU is lost")}])
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    info = read_nvml()
+    assert info.error == "NVML query failed: GPU is lost"
+    assert mod.state["shutdown"] == 1  # type: ignore[attr-defined]
+
+
+def test_read_nvml_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    assert "nvidia-ml-py" in (read_nvml().error or "")
+
+
+def test_read_nvml_on_this_machine_never_raises() -> None:
+    info = read_nvml()
+    assert info.error is not None or info.gpus
+
+
+def test_cuda_version() -> None:
+    assert cuda_version(12040) == "12.4"
+    assert cuda_version(13000) == "13.0"
+    assert cuda_version(None) is None
+
+
+# --- interpreter ----------------------------------------------------------------------
+
+
+def script(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_shebang_forms(tmp_path: Path) -> None:
+    plain = script(tmp_path / "a", "#!/opt/venv/bin/python3\nimport x\n")
+    assert shebang_interpreter(plain) == "/opt/venv/bin/python3"
+    env = script(tmp_path / "b", "#!/usr/bin/env -S python3\n")
+    assert shebang_interpreter(env) == __import__("shutil").which("python3")
+    long_path = "/very/long/venv/bin/python"
+    pip = script(tmp_path / "c", f"#!/bin/sh\n'''exec' \"{long_path}\" \"$0\" \"$@\"\n' '''\n")
+    assert shebang_interpreter(pip) == long_path
+    binary = tmp_path / "d"
+    binary.write_bytes(b"\x7fELF\x00\x00")
+    assert shebang_interpreter(binary) is None
+    assert shebang_interpreter(tmp_path / "missing") is None
+
+
+def test_find_interpreter_follows_vllm_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script(tmp_path / "vllm", "#!/opt/vllm-env/bin/python\n")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    exe, source = find_interpreter(None)
+    assert exe == "/opt/vllm-env/bin/python"
+    assert source == f"shebang of {tmp_path / 'vllm'}"
+    assert find_interpreter("/x/python") == ("/x/python", "--python")
+
+
+def test_find_interpreter_without_vllm_uses_this_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_interpreter(None) == (sys.executable, "this interpreter (no vllm on PATH)")
+
+
+def test_read_interpreter_reads_metadata_without_importing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = tmp_path / "vllm-0.27.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1\nRequires-Python: <3.15,>=3.10\n"
+    )
+    # A vllm package that would explode if imported: metadata must be enough.
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    info = read_interpreter(sys.executable, "--python")
+    assert info.error is None
+    assert info.vllm_version == "0.27.1"
+    assert info.vllm_requires_python == "<3.15,>=3.10"
+    assert info.python_version == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_read_interpreter_missing_executable(tmp_path: Path) -> None:
+    info = read_interpreter(str(tmp_path / "nope"), "shebang of vllm")
+    assert info.error and "cannot run it" in info.error
+
+
+def test_read_interpreter_that_fails(tmp_path: Path) -> None:
+    bad = script(tmp_path / "python", "#!/bin/sh\necho 'broken venv' >&2\nexit 3\n")
+    info = read_interpreter(str(bad), "--python")
+    assert info.error == "exit 3: broken venv"
+
+
+def test_read_interpreter_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = script(tmp_path / "python", "#!/bin/sh\nsleep 5\n")
+    monkeypatch.setattr(probes, "INTERPRETER_TIMEOUT_S", 0.2)
+    info = read_interpreter(str(slow), "--python")
+    assert info.error and "did not answer" in info.error
+
+
+# --- platform and memory --------------------------------------------------------------
+
+
+def test_platform_detects_wsl_like_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uname = platform.uname_result(
+        "Linux", "box", "5.15.153.1-microsoft-standard-WSL2", "#1 SMP", "x86_64"
+    )
+    monkeypatch.setattr(probes._platform, "uname", lambda: uname)
+    monkeypatch.setenv("WSL_DISTRO_NAME", "Ubuntu")
+    monkeypatch.delenv("WSL_INTEROP", raising=False)
+    marker = tmp_path / "proc/sys/fs/binfmt_misc/WSLInterop"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("enabled\n")
+    info = RealProbe(root=tmp_path).platform()
+    assert info.vllm_sees_wsl is True
+    assert info.wsl_markers == ("WSL_DISTRO_NAME", "/proc/sys/fs/binfmt_misc/WSLInterop")
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_limit(tmp_path: Path) -> None:
+    write(tmp_path, "sys/fs/cgroup/memory.max", "34359738368\n")
+    write(tmp_path, "sys/fs/cgroup/memory.current", "1073741824\n")
+    assert read_cgroup_memory(tmp_path) == (32 * GIB, GIB)
+
+
+def test_cgroup_v2_unlimited(tmp_path: Path) -> None:
+    write(tmp_path, "sys/fs/cgroup/memory.max", "max\n")
+    assert read_cgroup_memory(tmp_path) == (None, None)
+
+
+def test_cgroup_v1_huge_means_unlimited(tmp_path: Path) -> None:
+    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n")
+    write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", "5\n")
+    assert read_cgroup_memory(tmp_path) == (None, 5)
+
+
+def test_no_cgroup_files(tmp_path: Path) -> None:
+    assert read_cgroup_memory(tmp_path) == (None, None)
+
+
+def test_real_host_memory_smoke() -> None:
+    mem = RealProbe().host_memory()
+    assert mem.total > 0 and 0 < mem.available <= mem.total
+
+
+# --- model size ------------------------------------------------------------------------
+
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_estimate_llama_8b() -> None:
+    # Llama 3.1 8B has 8,030,261,248 parameters.
+    assert estimate_bytes(LLAMA_8B, "bfloat16") == 8_030_261_248 * 2
+
+
+def test_estimate_refuses_moe_and_partial_configs() -> None:
+    assert estimate_bytes({**LLAMA_8B, "num_local_experts": 8}, None) is None
+    assert estimate_bytes({"hidden_size": 4096}, None) is None
+
+
+def model_dir(path: Path, *, index: int | None = None, shards: int = 0) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(LLAMA_8B))
+    if index is not None:
+        (path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": index}, "weight_map": {}})
+        )
+    for i in range(shards):
+        (path / f"model-{i:05d}.safetensors").write_bytes(b"\0" * 1000)
+    return path
+
+
+def test_size_from_index(tmp_path: Path) -> None:
+    size = inspect_model(str(model_dir(tmp_path / "m", index=123456, shards=2)), {}, tmp_path)
+    assert (size.total_bytes, size.source, size.estimated) == (123456, "safetensors index", False)
+    assert size.architectures == ("LlamaForCausalLM",)
+    assert size.dtype == "bfloat16"
+
+
+def test_size_from_safetensors_files(tmp_path: Path) -> None:
+    size = inspect_model(str(model_dir(tmp_path / "m", shards=3)), {}, tmp_path)
+    assert (size.total_bytes, size.source) == (3000, "safetensors files")
+
+
+def test_size_estimated_from_config(tmp_path: Path) -> None:
+    size = inspect_model(str(model_dir(tmp_path / "m")), {}, tmp_path)
+    assert size.estimated and size.total_bytes == 8_030_261_248 * 2
+
+
+def test_empty_dir_is_unknown(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ModelSizeUnknownError):
+        inspect_model(str(tmp_path / "m"), {}, tmp_path)
+
+
+def test_hf_cache_lookup_uses_refs_main(tmp_path: Path) -> None:
+    repo = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-3.1-8B"
+    model_dir(repo / "snapshots" / "aaa", index=1)
+    model_dir(repo / "snapshots" / "bbb", index=2)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("aaa\n")
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    found = locate_model("meta-llama/Llama-3.1-8B", env, tmp_path / "home")
+    assert found == repo / "snapshots" / "aaa"
+    assert inspect_model("meta-llama/Llama-3.1-8B", env, tmp_path).total_bytes == 1
+
+
+def test_hf_cache_default_location_under_home(tmp_path: Path) -> None:
+    snap = tmp_path / ".cache/huggingface/hub/models--org--name/snapshots/rev"
+    model_dir(snap, index=7)
+    assert locate_model("org/name", {}, tmp_path) == snap
+
+
+def test_model_not_found_never_downloads(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="never downloads"):
+        inspect_model("org/absent", {"HF_HOME": str(tmp_path)}, tmp_path)
