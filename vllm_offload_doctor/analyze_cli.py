@@ -1,19 +1,132 @@
-"""`offload-doctor analyze` and `offload-doctor rules` commands (being built)."""
+"""`offload-doctor analyze` and `offload-doctor rules`."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import click
 
-from vllm_offload_doctor.errors import DoctorError
+from vllm_offload_doctor import exitcodes
+from vllm_offload_doctor.errors import InputError
+
+FORMATS = ("text", "json", "jsonl", "markdown")
+
+
+def _use_color(ctx_color: bool | None) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty() if ctx_color is None else ctx_color
 
 
 @click.command("analyze")
-def analyze() -> None:
-    """Not available yet."""
-    raise DoctorError("analyze is not available in this build")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option(
+    "--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of extra rule files (TOML); may be repeated.",
+)
+@click.option(
+    "--redact", is_flag=True,
+    help="Also hide host names and home-directory user names (secrets are always hidden).",
+)
+@click.option("--color/--no-color", default=None, help="Colour the text output (default: on a terminal).")
+def analyze(paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redact: bool, color: bool | None) -> int:
+    """Name the root cause in vLLM server logs.
+
+    PATHS are log files, directories (every *.log, *.txt, *.gz under them) or - for stdin.
+    Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read.
+    """
+    from vllm_offload_doctor import logread
+    from vllm_offload_doctor.analyze import Engine
+    from vllm_offload_doctor.render import Renderer
+
+    engine = Engine(extra_rule_dirs=rule_dirs)
+    sources, errors = logread.resolve_inputs(list(paths))
+    renderer = Renderer(color=_use_color(color), hosts=redact, home=redact)
+    analyses = []
+    for msg in errors:
+        click.echo(f"offload-doctor: error: {msg}", err=True)
+    several = len(sources) > 1
+    for source in sources:
+        try:
+            analysis = engine.analyze_source(source)
+        except InputError as exc:
+            errors.append(str(exc))
+            click.echo(f"offload-doctor: error: {exc}", err=True)
+            continue
+        analyses.append(analysis)
+        if fmt == "jsonl":
+            click.echo(renderer.jsonl_line(analysis))
+        elif fmt == "text":
+            click.echo(renderer.text(analysis) + ("\n" if several else ""))
+        elif fmt == "markdown":
+            click.echo(renderer.markdown(analysis) + "\n")
+    if fmt == "json":
+        click.echo(renderer.json(analyses, errors))
+    if several and fmt in ("text", "markdown"):
+        click.echo(renderer.triage_table(analyses, errors, markdown=fmt == "markdown"))
+    if errors:
+        return exitcodes.USAGE
+    return exitcodes.FOUND if any(a.failed for a in analyses) else exitcodes.OK
 
 
 @click.command("rules")
-def rules() -> None:
-    """Not available yet."""
-    raise DoctorError("rules is not available in this build")
+@click.argument("rule_id", required=False)
+@click.option("--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(("text", "json")), default="text", show_default=True)
+def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
+    """List the rules, or explain one (by id or name)."""
+    from vllm_offload_doctor.rules import load_rules
+
+    loaded = load_rules(rule_dirs)
+    if rule_id is None:
+        if fmt == "json":
+            click.echo(json.dumps([_rule_dict(r) for r in loaded], indent=2, ensure_ascii=False))
+            return exitcodes.OK
+        for r in sorted(loaded, key=lambda r: (-r.precedence, r.id)):
+            click.echo(f"{r.id}  {r.category.value:<18} {r.severity.value:<8} {r.title}")
+        return exitcodes.OK
+    wanted = rule_id.upper()
+    match = [r for r in loaded if r.id == wanted or r.name == rule_id]
+    if not match:
+        raise InputError(f"no rule {rule_id!r}; `offload-doctor rules` lists them")
+    r = match[0]
+    if fmt == "json":
+        click.echo(json.dumps(_rule_dict(r), indent=2, ensure_ascii=False))
+        return exitcodes.OK
+    lines = [
+        f"{r.id} ({r.name}): {r.title}",
+        f"  category:   {r.category.value}    severity: {r.severity.value}    precedence: {r.precedence}",
+        f"  message:    {r.message}",
+        f"  remedy:     {r.remedy}",
+    ]
+    lines += [f"  pattern:    {p.pattern}" for p in r.patterns]
+    for kind, conds in (("all", r.all), ("any", r.any), ("absent", r.absent)):
+        if conds:
+            lines.append(f"  when {kind}: " + "; ".join(c.text for c in conds))
+    lines += [f"  link:       {link}" for link in r.links]
+    lines.append(f"  file:       {r.source}")
+    click.echo("\n".join(lines))
+    return exitcodes.OK
+
+
+def _rule_dict(r: object) -> dict[str, object]:
+    from vllm_offload_doctor.rules import Rule
+
+    assert isinstance(r, Rule)
+    return {
+        "id": r.id,
+        "name": r.name,
+        "title": r.title,
+        "category": r.category.value,
+        "severity": r.severity.value,
+        "precedence": r.precedence,
+        "patterns": [p.pattern for p in r.patterns],
+        "when": {k: [c.text for c in getattr(r, k)] for k in ("all", "any", "absent")},
+        "message": r.message,
+        "remedy": r.remedy,
+        "links": list(r.links),
+    }

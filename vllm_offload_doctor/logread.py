@@ -1,0 +1,140 @@
+"""Read log inputs as bounded blocks of bytes: files, directories, stdin, gzip.
+
+Memory stays bounded whatever the input: blocks are a few MiB, and a line longer
+than MAX_LINE is cut into pieces rather than held whole.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from vllm_offload_doctor.errors import InputError
+
+BLOCK = 4 << 20
+MAX_LINE = 256 << 10
+LOG_SUFFIXES = (".log", ".txt", ".gz", ".out", ".err")
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    name: str  # as the user gave it (or the path found under a directory)
+    path: Path | None  # None for stdin
+
+
+def resolve_inputs(args: list[str]) -> tuple[list[Source], list[str]]:
+    """Expand the command-line inputs; returns the sources and one error line per bad input."""
+    sources: list[Source] = []
+    errors: list[str] = []
+    for arg in args:
+        if arg == "-":
+            sources.append(Source("-", None))
+            continue
+        path = Path(arg)
+        if path.is_dir():
+            found = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
+            )
+            if not found:
+                errors.append(f"{arg}: directory holds no *.log, *.txt or *.gz files")
+            sources.extend(Source(str(p), p) for p in found)
+        elif not path.exists():
+            errors.append(f"{arg}: no such file")
+        elif not path.is_file():
+            errors.append(f"{arg}: not a regular file")
+        else:
+            sources.append(Source(arg, path))
+    return sources, errors
+
+
+def open_source(source: Source) -> BinaryIO:
+    """Open a source for binary reading, decompressing gzip transparently."""
+    if source.path is None:
+        raw: BinaryIO = sys.stdin.buffer
+    else:
+        try:
+            raw = open(source.path, "rb")  # noqa: SIM115 - closed by the caller
+        except PermissionError as exc:
+            raise InputError(f"{source.name}: permission denied") from exc
+        except OSError as exc:
+            raise InputError(f"{source.name}: cannot open ({exc.strerror})") from exc
+    head = _peek(raw, 2)
+    if head == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def _peek(stream: BinaryIO, n: int) -> bytes:
+    if isinstance(stream, io.BufferedReader):
+        return stream.peek(n)[:n]
+    if stream.seekable():
+        pos = stream.tell()
+        data = stream.read(n)
+        stream.seek(pos)
+        return data
+    return b""
+
+
+class TruncatedInput(Exception):
+    """The stream ended early (e.g. truncated gzip); what was read is still valid."""
+
+
+def iter_blocks(stream: BinaryIO) -> Iterator[bytes]:
+    """Yield blocks that end on a line boundary; over-long lines are cut at MAX_LINE."""
+    carry = b""
+    while True:
+        try:
+            chunk = stream.read(BLOCK)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            if carry:
+                yield carry + b"\n"
+            raise TruncatedInput(str(exc) or "unexpected end of compressed data") from exc
+        if not chunk:
+            break
+        data = carry + chunk if carry else chunk
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            # No newline at all in this window: a pasted log with its line breaks lost, or junk.
+            if len(data) >= MAX_LINE:
+                yield data + b"\n"
+                carry = b""
+            else:
+                carry = data
+            continue
+        carry = data[cut:]
+        yield data[:cut]
+        if len(carry) >= MAX_LINE:
+            yield carry + b"\n"
+            carry = b""
+    if carry:
+        yield carry + b"\n"
+
+
+def looks_binary(sample: bytes) -> bool:
+    """NUL bytes or mostly non-text bytes in the first block: not a log."""
+    if not sample:
+        return False
+    if b"\x00" in sample[:8192]:
+        return True
+    window = sample[:8192]
+    text_bytes = sum(1 for b in window if b in b"\t\n\r\f\x1b" or 32 <= b < 127 or b >= 128)
+    return text_bytes / len(window) < 0.85
+
+
+def file_size(source: Source) -> int | None:
+    if source.path is None:
+        return None
+    try:
+        return os.stat(source.path).st_size
+    except OSError:
+        return None

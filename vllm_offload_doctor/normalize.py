@@ -1,0 +1,120 @@
+"""Turn a raw log line from any vLLM era and any collector into (process, level, message).
+
+Handles ANSI colour (real escapes and pasted caret text), CR and stray ^M,
+docker-compose / Kubernetes / journald / timestamp prefixes, vLLM's
+`(Proc pid=N)` prefix in its Ray, worker and engine forms, the three logger
+formats (`file.py:1]`, `[file.py:1]`, `[path/file.py:1]`), Ray's
+`[repeated Nx across cluster]` suffix, and pastes whose line breaks were lost.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][A-Z0-9]|\^\[\[[0-9;]*[A-Za-z]")
+_CR = re.compile(r"\^M$|\r")
+_HTML = re.compile(r"</?(?:font|b|i|u|span|strong|em|code|pre)\b[^>]*>")
+_BOX = re.compile(r"^\s*[│┃|]\s?|\s*[│┃]\s*$")
+_FASTCHAT = re.compile(r"^\|\s*(?:DEBUG|INFO|WARNING|ERROR)\s*\|\s*(?:stderr|stdout)\s*\|\s?")
+
+# Outer prefixes added by collectors, tried repeatedly (they stack).
+_OUTER = re.compile(
+    r"""^(?:
+        \[?\d{4}-\d\d-\d\d[T\ ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+   # ISO time
+      | [A-Z]{3,8}\s+\d{4}-\d\d-\d\dT\S+\s+                                       # cloud logging
+      | \[[\w.-]+(?:\.[\w-]+)*:\s*[\w.-]+\]\s+                                     # [label: value]
+      | [A-Z][a-z]{2}\ [\ \d]\d\ \d\d:\d\d:\d\d\ \S+\ [\w./@-]+(?:\[\d+\])?:\s      # journald/syslog
+      | [\w][\w.-]*\s+\|\ ?                                                        # docker compose
+      | \[pod/[^\]]+\]\s+                                                          # kubectl --prefix
+      | >\ ?                                                                       # quoted paste
+      | \d+\.\d+\s+                                                                # seconds offset
+    )""",
+    re.VERBOSE,
+)
+
+_PROC = re.compile(
+    r"^\(?(?P<proc>[A-Za-z_][\w:]*(?:[ _]rank=\d+)?|VLLM::\w+) pid=(?P<pid>\d+)(?:, ip=[\d.:a-f]+)?\)\s*"
+)
+_RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_RECORD = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?|\d+)"
+    r"\s+\[?(?P<file>[^\]\s]+?):(?P<lineno>\d+)\]\s?(?P<msg>.*)$"
+)
+_UVICORN = re.compile(r"^(?P<level>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?P<msg>.*)$")
+
+# Where a new record starts inside a line whose breaks were lost.
+_EMBEDDED_START = re.compile(
+    r"(?<=\S)\s+(?=(?:\(\w[\w ]*? pid=\d+(?:, ip=[\d.]+)?\)\s*)?"
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
+    r"|Traceback \(most recent call last\)"
+    r"|\(\w[\w ]*? pid=\d+\) )"
+)
+SPLIT_THRESHOLD = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    no: int  # 1-based line number in the input
+    proc: str | None  # APIServer, EngineCore_DP0, Worker_TP1, RayWorkerWrapper …
+    pid: int | None
+    level: str | None  # DEBUG/INFO/WARNING/ERROR/CRITICAL, or None for raw output
+    msg: str  # message without any prefix
+    text: str  # the cleaned line (collector prefixes removed, vLLM prefix kept)
+
+
+def clean(raw: str) -> str:
+    text = _ANSI.sub("", raw) if ("\x1b" in raw or "^[" in raw) else raw
+    if "\r" in text or "^M" in text:
+        text = _CR.sub("", text)
+    if "</" in text:
+        text = _HTML.sub("", text).replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&")
+    if "│" in text or "┃" in text:
+        text = _BOX.sub("", text)
+    return text.rstrip()
+
+
+def strip_outer(text: str) -> str:
+    for _ in range(4):
+        m = _OUTER.match(text)
+        if not m or m.end() == 0:
+            break
+        rest = text[m.end() :]
+        # A docker-compose-looking prefix must be followed by something log-like.
+        if m.group(0).rstrip().endswith("|") and not rest:
+            break
+        text = rest
+    if text.startswith("|"):
+        text = _FASTCHAT.sub("", text)
+    return text
+
+
+def parse(no: int, raw: str) -> Line:
+    text = strip_outer(clean(raw))
+    proc = None
+    pid = None
+    rest = text
+    m = _PROC.match(rest)
+    if m:
+        proc, pid = m.group("proc"), int(m.group("pid"))
+        rest = rest[m.end() :]
+    if "repeated" in rest:
+        rest = _RAY_REPEAT.sub("", rest)
+    level = None
+    r = _RECORD.match(rest)
+    if r:
+        level = "WARNING" if r.group("level") == "WARN" else r.group("level")
+        rest = r.group("msg")
+    else:
+        u = _UVICORN.match(rest)
+        if u:
+            level, rest = u.group("level"), u.group("msg")
+    return Line(no, proc, pid, level, rest.strip(), text)
+
+
+def split_long(raw: str) -> list[str]:
+    """Split a line that holds several records (a paste with its line breaks lost)."""
+    if len(raw) < SPLIT_THRESHOLD:
+        return [raw]
+    parts = _EMBEDDED_START.split(raw)
+    return [p for p in parts if p]

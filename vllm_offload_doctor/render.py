@@ -1,0 +1,169 @@
+"""Render `analyze` results: text, json, jsonl and markdown; one function per format."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+from vllm_offload_doctor.model import SCHEMA_VERSION, Analysis, Category, OffloadStatus
+from vllm_offload_doctor.redact import redact
+
+
+class OutputFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+    JSONL = "jsonl"
+    MARKDOWN = "markdown"
+
+
+def _scrub(value: Any, *, hosts: bool, home: bool) -> Any:
+    if isinstance(value, str):
+        return redact(value, hosts=hosts, home=home)
+    if isinstance(value, dict):
+        return {k: _scrub(v, hosts=hosts, home=home) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v, hosts=hosts, home=home) for v in value]
+    return value
+
+
+class Renderer:
+    def __init__(self, *, color: bool = False, redact_secrets: bool = True, hosts: bool = False, home: bool = False):
+        self.color = color
+        self.secrets = redact_secrets
+        self.hosts = hosts
+        self.home = home
+
+    def _r(self, text: str) -> str:
+        return redact(text, hosts=self.hosts, home=self.home) if self.secrets else text
+
+    def record(self, analysis: Analysis) -> dict[str, Any]:
+        data = analysis.to_dict()
+        return _scrub(data, hosts=self.hosts, home=self.home) if self.secrets else data
+
+    # -- json ---------------------------------------------------------------------------------
+    def json(self, analyses: Sequence[Analysis], errors: Sequence[str]) -> str:
+        payload = {
+            "schema_version": SCHEMA_VERSION,
+            "results": [self.record(a) for a in analyses],
+            "errors": list(errors),
+            "counts": dict(Counter(a.verdict.category.value for a in analyses)),
+        }
+        return json.dumps(payload, ensure_ascii=False, indent=2)
+
+    def jsonl_line(self, analysis: Analysis) -> str:
+        return json.dumps(self.record(analysis), ensure_ascii=False)
+
+    # -- text -----------------------------------------------------------------------------------
+    def _style(self, text: str, **kw: Any) -> str:
+        if not self.color:
+            return text
+        import click
+
+        return click.style(text, **kw)
+
+    def text(self, a: Analysis) -> str:
+        v = a.verdict
+        colour = "green" if v.category is Category.HEALTHY else "yellow" if v.category is Category.UNKNOWN else "red"
+        out = [
+            self._style(f"{a.file}", bold=True),
+            f"  verdict:  {self._style(v.category.value, fg=colour, bold=True)} — {v.title}",
+            f"  {self._r(v.summary)}",
+        ]
+        o = a.offload
+        req = f"{o.requested_gib:g} GiB requested" if o.requested_gib is not None else "no request seen"
+        got = f", {o.offloaded_gib:.2f} GiB offloaded" if o.offloaded_gib else ""
+        out.append(f"  offload:  {o.status.value} ({req}{got}) — {self._r(o.explanation)}")
+        f = a.facts
+        bits = [
+            f"vLLM {f.vllm_version or '?'}",
+            f"runner {f.model_runner}",
+            f"model loading {f.model_loading_gib:g} GiB" if f.model_loading_gib is not None else None,
+            f"KV cache {f.kv_cache_gib:g} GiB" if f.kv_cache_gib is not None else None,
+            f"{f.kv_cache_tokens:,} KV tokens" if f.kv_cache_tokens else None,
+            "reached ready" if f.reached_ready else "never ready",
+        ]
+        out.append("  facts:    " + ", ".join(b for b in bits if b))
+        if len(f.ranks) > 1:
+            for rank in f.ranks.values():
+                out.append(
+                    f"    rank {rank.process}: offloader {rank.offloader or '-'}, offloaded "
+                    f"{rank.offloaded_gib if rank.offloaded_gib is not None else '-'} GiB, loading "
+                    f"{rank.model_loading_gib if rank.model_loading_gib is not None else '-'} GiB"
+                )
+        if a.findings:
+            top = a.findings[0]
+            out.append("  evidence:")
+            out.extend(f"    {e.line:>6}: {self._r(e.text)[:300]}" for e in top.evidence)
+            if v.remedy:
+                out.append(f"  remedy:   {self._r(v.remedy)}")
+            out.extend(f"  link:     {link}" for link in v.links)
+            for other in a.findings[1:]:
+                out.append(f"  also:     [{other.rule_id}] {other.title} ({other.category.value})")
+        elif a.notable:
+            out.append("  most relevant lines:")
+            out.extend(f"    {e.line:>6}: {self._r(e.text)[:300]}" for e in a.notable)
+            out.append(f"  next step: {v.remedy}")
+        if a.error:
+            out.append(f"  note:     {a.error}")
+        return "\n".join(out)
+
+    # -- markdown ------------------------------------------------------------------------------
+    def markdown(self, a: Analysis) -> str:
+        v, o = a.verdict, a.offload
+        out = [
+            f"### `{a.file}`: **{v.category.value}** — {v.title}",
+            "",
+            self._r(v.summary),
+            "",
+            f"**Offload:** `{o.status.value}`"
+            + (f", requested {o.requested_gib:g} GiB" if o.requested_gib is not None else "")
+            + (f", offloaded {o.offloaded_gib:.2f} GiB" if o.offloaded_gib else "")
+            + f". {self._r(o.explanation)}",
+            "",
+        ]
+        evidence = a.findings[0].evidence if a.findings else a.notable
+        if evidence:
+            out += ["Evidence:", "", "```text"]
+            out += [f"{e.line}: {self._r(e.text)}" for e in evidence]
+            out += ["```", ""]
+        if v.remedy:
+            out += [f"**What to do:** {self._r(v.remedy)}", ""]
+        if v.links:
+            out += ["Links: " + ", ".join(f"<{link}>" for link in v.links), ""]
+        f = a.facts
+        out.append(
+            f"<sub>vLLM {f.vllm_version or 'unknown'} · runner {f.model_runner} · "
+            f"rule {v.rule_id or 'none'} · offload-doctor</sub>"
+        )
+        return "\n".join(out)
+
+    # -- batch summary -------------------------------------------------------------------------
+    def triage_table(self, analyses: Sequence[Analysis], errors: Sequence[str], *, markdown: bool) -> str:
+        rows = [
+            (a.file, a.verdict.category.value, a.offload.status.value, self._r(a.verdict.summary)[:100])
+            for a in analyses
+        ]
+        counts = Counter(a.verdict.category.value for a in analyses)
+        if markdown:
+            out = ["| file | category | offload | summary |", "|---|---|---|---|"]
+            out += [f"| `{r[0]}` | {r[1]} | {r[2]} | {r[3].replace('|', '/')} |" for r in rows]
+            out += ["", "| category | logs |", "|---|---|"]
+            out += [f"| {c} | {n} |" for c, n in counts.most_common()]
+            out += [f"\n{len(errors)} input(s) could not be read." if errors else ""]
+            return "\n".join(out).rstrip()
+        width = max((len(r[0]) for r in rows), default=4)
+        width = min(max(width, 4), 60)
+        out = [f"{'file':<{width}}  {'category':<18} {'offload':<13} summary"]
+        out += [f"{r[0][-width:]:<{width}}  {r[1]:<18} {r[2]:<13} {r[3]}" for r in rows]
+        out.append("")
+        out.append("counts: " + ", ".join(f"{c} {n}" for c, n in counts.most_common()))
+        if errors:
+            out.append(f"{len(errors)} input(s) could not be read")
+        return "\n".join(out)
+
+
+def offload_failed(a: Analysis) -> bool:
+    return a.offload.status in (OffloadStatus.IGNORED, OffloadStatus.ERROR)

@@ -1,0 +1,328 @@
+"""Load, validate and compile rule files (TOML, one rule per file).
+
+A rule names a root cause: patterns matched against log messages (compiled
+with `regex`, each match under a timeout), conditions on the facts, a
+precedence, and the words shown to the user. Every problem in a rule file is
+a one-line RuleFileError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import string
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import regex
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from vllm_offload_doctor.errors import RuleFileError
+from vllm_offload_doctor.model import Category, Severity
+
+MATCH_TIMEOUT_S = 0.05
+
+_REQUIRED = ("id", "title", "severity", "category", "message", "remedy")
+_OPTIONAL = (
+    "name", "precedence", "keywords", "patterns", "where", "when", "links", "cases", "aliases", "summary",
+)
+_WHEN_KEYS = ("all", "any", "absent")
+_CASE_KEYS = ("log", "expect", "note")
+_WHERE = ("message", "line")
+_ID = regex.compile(r"^[A-Z]{2,5}\d{3}$")
+
+# Facts a condition may name: Facts fields plus the derived ones the engine adds.
+CONDITION_FACTS = frozenset(
+    {
+        "vllm_version", "model", "cpu_offload_gb", "offload_backend", "offload_group_size",
+        "gpu_memory_utilization", "max_model_len", "tensor_parallel_size", "enforce_eager", "dtype",
+        "platform", "device_cpu", "model_runner", "offloader", "offloaded_gib", "prefetch_saved_gb",
+        "model_loading_gib", "kv_cache_gib", "kv_cache_tokens", "gpu_name", "gpu_total_gib",
+        "gpu_free_gib", "wsl", "pin_memory_disabled", "reached_ready", "shut_down",
+        # derived
+        "phase", "error_phase", "offload_requested", "progressed", "gpu_free_fraction",
+        "fatal_after_ready",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    fact: str
+    op: str  # truthy, falsy, ==, !=, >, >=, <, <=, ~, in, none, notnone
+    value: Any
+    text: str
+
+    def holds(self, facts: Mapping[str, Any]) -> bool:
+        have = facts.get(self.fact)
+        op, want = self.op, self.value
+        if op == "truthy":
+            return bool(have)
+        if op == "falsy":
+            return not have
+        if op == "none":
+            return have is None
+        if op == "notnone":
+            return have is not None
+        if have is None:
+            return False
+        if op == "~":
+            try:
+                return Version(str(have)) in want
+            except InvalidVersion:
+                return False
+        if op == "in":
+            return str(have) in want
+        if isinstance(want, float):
+            try:
+                have = float(have)
+            except (TypeError, ValueError):
+                return False
+        else:
+            have = str(have)
+        return bool(
+            {
+                "==": have == want,
+                "!=": have != want,
+                ">": have > want,
+                ">=": have >= want,
+                "<": have < want,
+                "<=": have <= want,
+            }[op]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    log: Path
+    expect: str  # fire | quiet
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    name: str
+    title: str
+    severity: Severity
+    category: Category
+    precedence: int
+    keywords: tuple[str, ...]
+    patterns: tuple[Any, ...]  # compiled regex.Pattern
+    where: str
+    all: tuple[Condition, ...]
+    any: tuple[Condition, ...]
+    absent: tuple[Condition, ...]
+    message: str
+    remedy: str
+    links: tuple[str, ...]
+    cases: tuple[Case, ...]
+    source: Path
+
+    def conditions_hold(self, facts: Mapping[str, Any]) -> bool:
+        if not all(c.holds(facts) for c in self.all):
+            return False
+        if self.any and not any(c.holds(facts) for c in self.any):
+            return False
+        return not any(c.holds(facts) for c in self.absent)
+
+    def search(self, text: str) -> Any | None:
+        for pattern in self.patterns:
+            try:
+                m = pattern.search(text, timeout=MATCH_TIMEOUT_S)
+            except TimeoutError:
+                continue
+            if m:
+                return m
+        return None
+
+
+def builtin_rules_dir() -> Path:
+    """`rules/` inside the installed package, or beside it in a source checkout."""
+    packaged = Path(str(importlib.resources.files("vllm_offload_doctor"))) / "rules"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "rules"
+
+
+def load_rules(extra_dirs: Iterable[Path] = ()) -> list[Rule]:
+    rules: list[Rule] = []
+    seen: dict[str, Path] = {}
+    for directory in (builtin_rules_dir(), *extra_dirs):
+        if not directory.is_dir():
+            raise RuleFileError(f"{directory}: not a directory of rule files")
+        for path in sorted(directory.glob("*.toml")):
+            rule = load_rule(path)
+            if rule.id in seen:
+                raise RuleFileError(f"{path}: id: {rule.id} is already defined in {seen[rule.id]}")
+            seen[rule.id] = path
+            rules.append(rule)
+    return rules
+
+
+def load_rule(path: Path) -> Rule:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleFileError(f"{path}: not valid TOML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleFileError(f"{path}: cannot read: {exc}") from exc
+    return _build(path, data)
+
+
+def _fail(path: Path, key: str, why: str) -> RuleFileError:
+    return RuleFileError(f"{path}: {key}: {why}")
+
+
+def _build(path: Path, data: dict[str, Any]) -> Rule:
+    for key in data:
+        if key not in _REQUIRED and key not in _OPTIONAL:
+            raise _fail(path, key, "unknown key")
+    for key in _REQUIRED:
+        if key not in data:
+            raise _fail(path, key, "missing")
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise _fail(path, key, "must be a non-empty string")
+    rule_id = data["id"]
+    if not _ID.match(rule_id):
+        raise _fail(path, "id", f"{rule_id!r} must look like LOG001 (2-5 capitals, 3 digits)")
+    try:
+        severity = Severity(data["severity"])
+    except ValueError:
+        raise _fail(path, "severity", f"must be one of {', '.join(Severity)}") from None
+    try:
+        category = Category(data["category"])
+    except ValueError:
+        raise _fail(path, "category", f"must be one of {', '.join(Category)}") from None
+    precedence = data.get("precedence", 0)
+    if not isinstance(precedence, int) or isinstance(precedence, bool):
+        raise _fail(path, "precedence", "must be an integer")
+    patterns = _strings(path, data, "patterns")
+    compiled = []
+    for i, pattern in enumerate(patterns):
+        try:
+            compiled.append(regex.compile(pattern))
+        except regex.error as exc:
+            raise _fail(path, f"patterns[{i}]", f"bad regex: {exc}") from None
+    keywords = _strings(path, data, "keywords")
+    if patterns and not keywords:
+        raise _fail(path, "keywords", "required with patterns: literal words every match contains")
+    where = data.get("where", "message")
+    if where not in _WHERE:
+        raise _fail(path, "where", f"must be one of {', '.join(_WHERE)}")
+    when = data.get("when", {})
+    if not isinstance(when, dict):
+        raise _fail(path, "when", "must be a table")
+    for key in when:
+        if key not in _WHEN_KEYS:
+            raise _fail(path, f"when.{key}", "unknown key")
+    conds = {k: tuple(_condition(path, f"when.{k}", c) for c in _strings(path, when, k)) for k in _WHEN_KEYS}
+    if not patterns and not conds["all"] and not conds["any"]:
+        raise _fail(path, "patterns", "a rule needs patterns or when.all/when.any conditions")
+    links = _strings(path, data, "links")
+    for link in links:
+        if not link.startswith("https://"):
+            raise _fail(path, "links", f"{link!r} is not an https link")
+    for key in ("message", "remedy"):
+        try:
+            list(string.Formatter().parse(data[key]))
+        except ValueError as exc:
+            raise _fail(path, key, f"bad placeholder: {exc}") from None
+    return Rule(
+        id=rule_id,
+        name=str(data.get("name", rule_id.lower())),
+        title=data["title"].strip(),
+        severity=severity,
+        category=category,
+        precedence=precedence,
+        keywords=tuple(keywords),
+        patterns=tuple(compiled),
+        where=where,
+        all=conds["all"],
+        any=conds["any"],
+        absent=conds["absent"],
+        message=" ".join(data["message"].split()),
+        remedy=" ".join(data["remedy"].split()),
+        links=tuple(links),
+        cases=_cases(path, data.get("cases", [])),
+        source=path,
+    )
+
+
+def _strings(path: Path, data: Mapping[str, Any], key: str) -> list[str]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(path, key, "must be a list of non-empty strings")
+    return value
+
+
+_COND = regex.compile(
+    r"^(?P<fact>\w+)\s*(?:(?P<op>==|!=|>=|<=|>|<|~|\bin\b)\s*(?P<value>.+)|\s+is\s+(?P<not>not\s+)?(?P<none>none))?$"
+)
+
+
+def _condition(path: Path, key: str, text: str) -> Condition:
+    raw = text.strip()
+    negate = raw.startswith("not ")
+    m = _COND.match(raw[4:].strip() if negate else raw)
+    if not m:
+        raise _fail(path, key, f"cannot read condition {raw!r} (fact op value)")
+    fact = m.group("fact")
+    op = m.group("op")
+    parsed: Any = None
+    if m.group("none"):
+        kind = "notnone" if m.group("not") else "none"
+    elif op is None:
+        kind = "falsy" if negate else "truthy"
+    else:
+        value = m.group("value").strip()
+        kind = op
+        if op == "~":
+            try:
+                parsed = SpecifierSet(value)
+            except InvalidSpecifier:
+                raise _fail(path, key, f"bad version range {value!r} in {raw!r}") from None
+        elif op == "in":
+            parsed = frozenset(v.strip() for v in value.split(","))
+        else:
+            try:
+                parsed = float(value)
+            except ValueError:
+                parsed = value
+    if fact not in CONDITION_FACTS:
+        raise _fail(path, key, f"unknown fact {fact!r} in {raw!r}")
+    return Condition(fact, kind, parsed, raw)
+
+
+def _cases(path: Path, raw: Any) -> tuple[Case, ...]:
+    if not isinstance(raw, list):
+        raise _fail(path, "cases", "must be an array of tables")
+    cases = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise _fail(path, f"cases[{i}]", "must be a table")
+        for key in item:
+            if key not in _CASE_KEYS:
+                raise _fail(path, f"cases[{i}].{key}", "unknown key")
+        if item.get("expect") not in ("fire", "quiet"):
+            raise _fail(path, f"cases[{i}].expect", "must be 'fire' or 'quiet'")
+        if not isinstance(item.get("log"), str):
+            raise _fail(path, f"cases[{i}].log", "missing")
+        cases.append(Case(Path(item["log"]), item["expect"]))
+    return tuple(cases)
+
+
+class _SafeDict(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def render_message(template: str, groups: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
+    values = _SafeDict({k: v for k, v in facts.items() if v is not None})
+    values.update({k: v for k, v in groups.items() if v is not None})
+    try:
+        return string.Formatter().vformat(template, (), values)
+    except (KeyError, IndexError, ValueError, AttributeError):
+        return template
