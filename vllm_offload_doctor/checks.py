@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -143,6 +144,15 @@ class Context:
             return Version(Version(raw).base_version) if raw else None
         except (InvalidVersion, ProbeError, OSError):
             return None
+
+    def prefetch(self) -> None:
+        """Start the slow probes together: the interpreter subprocess and NVML overlap.
+
+        A probe that raises here is simply read again by its check, which reports it.
+        """
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            for name in ("interpreter", "nvml", "host_memory"):
+                pool.submit(getattr, self, name)
 
     def used_gpus(self) -> list[GpuInfo]:
         """The GPUs vLLM will use: the first N visible, mapped through CUDA_VISIBLE_DEVICES."""
@@ -961,6 +971,7 @@ __all__ = ["CHECKS", "CheckResult", "Context", "ModelSize", "Options", "Report",
 def run_checks(probe: Probe, options: Options) -> Report:
     """Run every check; a probe that crashes turns its check into a SKIP with the reason."""
     ctx = Context(probe, options)
+    ctx.prefetch()
     results: list[CheckResult] = []
     for check_id, title, fn in CHECKS:
         try:
