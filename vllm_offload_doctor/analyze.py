@@ -13,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor import logread
 from vllm_offload_doctor.errors import InputError
-from vllm_offload_doctor.facts import PHASES, FactCollector, phase_of_frames
+from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.model import (
     Analysis,
     Category,
@@ -38,6 +38,8 @@ FACT_KEYWORDS = (
     '/completions HTTP/1.', 'File "', "Traceback", "Error", "ERROR", "error", "Exception",
     "WARNING", "CRITICAL", "Killed", "Memory profiling", "memory profiling", "Capturing",
     "Graph capturing", "Loading weights", "Loading safetensors", "compute capability",
+    "Route: /v1/", "Available routes", "Started server process", "Waiting for application",
+    "init engine", "Starting vLLM", "standard CPU offloading",
 )
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?")
 _FATAL_HINT = re.compile(r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start")
@@ -57,6 +59,7 @@ class _Hit:
     evidence: list[Evidence] = field(default_factory=list)
     groups: dict[str, Any] = field(default_factory=dict)
     count: int = 0
+    context: tuple[str, ...] = ()  # messages just before the first match
 
 
 class Engine:
@@ -140,6 +143,7 @@ class _State:
         self.ready_line: int | None = None
         self.first_fatal_line: int | None = None
         self.last_no = 0
+        self.recent: deque[str] = deque(maxlen=12)
 
     def feed(self, line: Line) -> None:
         self.last_no = line.no
@@ -171,16 +175,21 @@ class _State:
                 continue
             hit = self.hits.get(rule.id)
             if hit is None:
-                hit = self.hits[rule.id] = _Hit(rule, groups={k: v for k, v in m.groupdict().items() if v})
+                hit = self.hits[rule.id] = _Hit(
+                    rule, groups={k: v for k, v in m.groupdict().items() if v}, context=tuple(self.recent)
+                )
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
                 hit.evidence.append(Evidence(line.no, line.text[:600]))
+        self.recent.append(msg)
 
     # -- verdict ----------------------------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
         facts = self.collector.finish()
         _resolve_runner(facts)
         base = _derived(facts, self.collector.phase)
+        base["copy_offload"] = self.collector.copy_offload
+        base["serving_setup"] = self.collector.serving_setup
         findings: list[Finding] = []
         for rule in self.rules:
             hit = self.hits.get(rule.id)
@@ -188,7 +197,7 @@ class _State:
                 continue
             first_line = hit.evidence[0].line if hit and hit.evidence else None
             values = dict(base)
-            values["error_phase"] = self._error_phase(first_line)
+            values["error_phase"] = self._error_phase(first_line, hit.context if hit else ())
             values["fatal_after_ready"] = bool(
                 self.ready_line and self.first_fatal_line and self.first_fatal_line > self.ready_line
             )
@@ -209,8 +218,8 @@ class _State:
                 )
             )
         findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
-        offload = _offload(facts, findings)
-        verdict = _verdict(facts, findings, offload)
+        offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
+        verdict = _verdict(facts, findings, offload, serving_setup=self.collector.serving_setup)
         notable = () if findings else (*self.notable_first, *self.notable_last)
         return Analysis(
             file=name,
@@ -223,7 +232,8 @@ class _State:
             error=error,
         )
 
-    def _error_phase(self, line: int | None) -> str | None:
+    def _error_phase(self, line: int | None, context: Sequence[str] = ()) -> str | None:
+        """The start-up phase a failure belongs to: traceback frames, then code lines, then log."""
         anchor = line or self.first_fatal_line
         if anchor is None:
             return None
@@ -232,6 +242,11 @@ class _State:
         if phase is None:
             after = [fn for no, fn in self.frames if anchor < no <= anchor + 250]
             phase = phase_of_frames(after)
+        if phase is None:
+            for text in reversed(context):
+                for rx, hint in CODE_HINTS:
+                    if rx.search(text):
+                        return hint
         return phase or self.collector.phase
 
 
@@ -277,20 +292,31 @@ def _fact_evidence(facts: Facts) -> tuple[Evidence, ...]:
     return ()
 
 
-def _offload(facts: Facts, findings: list[Finding]) -> Offload:
+def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = False) -> Offload:
     requested = facts.cpu_offload_gb
     offloaded = facts.offloaded_gib
     if facts.prefetch_saved_gb is not None and offloaded is None:
         offloaded = facts.prefetch_saved_gb * 1e9 / 2**30
     statuses = _rank_statuses(facts)
     disagree = len(set(statuses)) > 1
-    if any(f.category is Category.OFFLOAD_IGNORED for f in findings):
+    ignored = [f for f in findings if f.category is Category.OFFLOAD_IGNORED]
+    if ignored and findings[0] is ignored[0]:
         return Offload(
             OffloadStatus.IGNORED,
             requested,
             offloaded,
             "offload was requested, but the V2 model runner never installed an offloader: no "
             "'Offloader set to' line and no 'Total CPU offloaded parameters' line",
+            disagree,
+        )
+    if ignored:
+        return Offload(
+            OffloadStatus.UNKNOWN,
+            requested,
+            None,
+            f"the server failed first ({findings[0].category.value}); the log also shows the V2 runner "
+            "without an offloader, so once that is fixed expect --cpu-offload-gb to be ignored too "
+            "(set VLLM_USE_V2_MODEL_RUNNER=0 or upgrade to vLLM >= 0.28.0)",
             disagree,
         )
     if any(f.category is Category.OFFLOAD_ERROR for f in findings):
@@ -306,6 +332,15 @@ def _offload(facts: Facts, findings: list[Finding]) -> Offload:
         if disagree:
             detail += "; ranks disagree: some logged no offload"
         return Offload(OffloadStatus.EFFECTIVE, requested, offloaded, detail, disagree)
+    if copy_offload:
+        return Offload(
+            OffloadStatus.EFFECTIVE,
+            requested,
+            None,
+            "weights were offloaded, but through the slow copy-per-forward fallback (no UVA / pinned "
+            "memory on this platform): expect a large slowdown",
+            disagree,
+        )
     if not requested and not (facts.offload_group_size or 0) > 0:
         if requested is None and facts.offloader in ("UVAOffloader", "PrefetchOffloader"):
             return Offload(OffloadStatus.UNKNOWN, None, None, "an offloader was installed but no offloaded amount was logged")
@@ -351,12 +386,17 @@ def _rank_statuses(facts: Facts) -> list[str]:
     return statuses
 
 
-def _verdict(facts: Facts, findings: list[Finding], offload: Offload) -> Verdict:
+def _verdict(facts: Facts, findings: list[Finding], offload: Offload, *, serving_setup: bool = False) -> Verdict:
     if findings:
         top = findings[0]
         return Verdict(top.category, top.rule_id, top.title, top.message, top.severity, top.remedy, top.links)
-    if facts.reached_ready:
-        summary = "the server started and answered; no failure found in the log"
+    if facts.reached_ready or serving_setup:
+        summary = (
+            "the server started; no failure found in the log"
+            if facts.reached_ready
+            else "the log reaches the server's route table / engine start-up without any error "
+            "(it ends before the explicit 'Application startup complete' line)"
+        )
         if offload.status is OffloadStatus.EFFECTIVE:
             summary += f"; offloading took effect ({offload.offloaded_gib:.2f} GiB)"
         return Verdict(Category.HEALTHY, None, "Server healthy", summary, Severity.INFO)

@@ -30,7 +30,7 @@ _CFG_ITEM = re.compile(
 _CLI = re.compile(r"(?:vllm serve|vllm\.entrypoints|api_server|LLM\()")
 _CLI_FLAG = re.compile(
     r"--(?P<k>cpu-offload-gb|gpu-memory-utilization|max-model-len|tensor-parallel-size|"
-    r"offload-backend|offload-group-size|dtype|device|enforce-eager)(?:[= ]+(?P<v>[^\s-][^\s]*))?"
+    r"offload-backend|offload-group-size|dtype|device|enforce-eager|enable-lora|quantization)(?:[= ]+(?P<v>[^\s-][^\s]*))?"
 )
 _PY_KW = re.compile(
     r"\b(?P<k>cpu_offload_gb|gpu_memory_utilization|max_model_len|tensor_parallel_size)"
@@ -62,6 +62,11 @@ _GPU_NAME = re.compile(
 _WSL = re.compile(r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2")
 _READY = re.compile(r"^(?:Application startup complete|Uvicorn running on )")
 _SERVED = re.compile(r'"(?:POST|GET) /v1/(?:chat/)?completions HTTP/1\.[01]" 200')
+_SERVING_SETUP = re.compile(
+    r"^(?:Available routes are|Route: /v1/|Started server process|Waiting for application startup"
+    r"|init engine \(profile, create kv cache, warmup model\) took|Starting vLLM (?:API )?server)"
+)
+_COPY_OFFLOAD = re.compile(r"Falling back to standard CPU offloading")
 _SHUTDOWN = re.compile(r"^(?:Application shutdown complete|Shutting down|Finished server process)")
 _FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<fn>[\w<>]+)')
 
@@ -94,6 +99,12 @@ _PHASE_LINES = (
     (re.compile(r"(?i)^(?:Capturing (?:CUDA graph|cudagraphs|the model for CUDA graphs)|Graph capturing finished)"), "graphs"),
     (re.compile(r"^(?:Application startup complete|Uvicorn running on)"), "ready"),
 )
+CODE_HINTS = (
+    (re.compile(r"\blogits\b|sampler|topk_topp|\.sample\(|execute_model|generate\("), "runtime"),
+    (re.compile(r"load_weights|weight_loader|load_model\("), "loading"),
+    (re.compile(r"cuda\.graph|capture"), "graphs"),
+    (re.compile(r"kv_cache"), "kv_cache"),
+)
 PHASES = ("start", "loading", "loaded", "profiling", "kv_cache", "graphs", "ready", "runtime")
 
 
@@ -121,6 +132,8 @@ class FactCollector:
         self.frames: deque[tuple[int, str]] = deque(maxlen=400)
         self.served_requests = 0
         self.cli_args: dict[str, Any] = {}
+        self.serving_setup = False
+        self.copy_offload = False
 
     def feed(self, line: Line) -> None:
         msg = line.msg
@@ -144,6 +157,11 @@ class FactCollector:
             f.wsl = True
             if "pin_memory=False" in msg:
                 f.pin_memory_disabled = True
+        if _SERVING_SETUP.match(msg):
+            self.serving_setup = True
+        if _COPY_OFFLOAD.search(msg):
+            f.offloader = f.offloader or "copy-per-forward fallback"
+            self.copy_offload = True
         if _SERVED.search(msg):
             self.served_requests += 1
         if _SHUTDOWN.match(msg) and f.reached_ready:
@@ -298,6 +316,9 @@ class FactCollector:
             f.dtype = args["dtype"]
         if args.get("device") == "cpu":
             f.device_cpu = True
+        f.enable_lora = bool(args.get("enable_lora"))
+        if isinstance(args.get("quantization"), str):
+            f.quantization = args["quantization"]
         if f.reached_ready or self.served_requests:
             f.reached_ready = True
         return f

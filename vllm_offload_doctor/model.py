@@ -91,6 +91,8 @@ class Facts:
     dtype: str | None = None
     platform: str | None = None
     device_cpu: bool = False
+    enable_lora: bool = False
+    quantization: str | None = None
     model_runner: str = "unknown"  # v1 | v2 | unknown
     model_runner_evidence: str | None = None
     offloader: str | None = None

@@ -39,12 +39,12 @@ CONDITION_FACTS = frozenset(
     {
         "vllm_version", "model", "cpu_offload_gb", "offload_backend", "offload_group_size",
         "gpu_memory_utilization", "max_model_len", "tensor_parallel_size", "enforce_eager", "dtype",
-        "platform", "device_cpu", "model_runner", "offloader", "offloaded_gib", "prefetch_saved_gb",
+        "platform", "device_cpu", "enable_lora", "quantization", "model_runner", "offloader", "offloaded_gib", "prefetch_saved_gb",
         "model_loading_gib", "kv_cache_gib", "kv_cache_tokens", "gpu_name", "gpu_total_gib",
         "gpu_free_gib", "wsl", "pin_memory_disabled", "reached_ready", "shut_down",
         # derived
         "phase", "error_phase", "offload_requested", "progressed", "gpu_free_fraction",
-        "fatal_after_ready",
+        "fatal_after_ready", "copy_offload", "serving_setup",
     }
 )
 
