@@ -323,20 +323,29 @@ def check_wsl(ctx: Context) -> CheckResult:
 
 
 def _wsl_pinned_cap(ctx: Context, details: tuple[str, ...], links: tuple[str, ...]) -> CheckResult:
-    """Windows (WDDM) caps pinned memory system-wide at about half of physical RAM."""
+    """Windows (WDDM) caps pinned memory system-wide at about half of *physical* RAM.
+
+    WSL only sees its VM's memory, by default itself half of physical RAM, so the cap is at
+    least half of what WSL sees and, with default settings, about all of it: above half is
+    a risk to name, not a certain failure.
+    """
     opts = ctx.options
     total = ctx.host_memory.total
     pinned = opts.offload_gb * opts.tensor_parallel_size * GIB
-    details = (*details, f"Windows pinned-memory cap: about {gib(total / 2)} (half of RAM)")
-    if pinned and pinned > total / 2:
+    details = (
+        *details,
+        f"Windows caps pinned memory near half of physical RAM; WSL sees {gib(total)}, "
+        "and by default WSL gets half of physical RAM",
+    )
+    if pinned > total / 2:
         return CheckResult(
             "wsl",
             "WSL",
-            Status.FAIL,
-            f"WSL2: {gib(pinned)} of pinned memory requested, above Windows' cap of about "
-            f"{gib(total / 2)} (half of RAM)",
+            Status.WARN,
+            f"WSL2: {gib(pinned)} to pin may exceed Windows' pinned-memory cap "
+            "(about half of physical RAM)",
             details,
-            remedy="Offload less, or give WSL more memory in .wslconfig.",
+            remedy="If loading fails or stalls, offload less, or add RAM to the Windows host.",
             links=links,
         )
     return CheckResult(
@@ -344,7 +353,7 @@ def _wsl_pinned_cap(ctx: Context, details: tuple[str, ...], links: tuple[str, ..
         "WSL",
         Status.OK,
         "WSL2 with VLLM_WSL2_ENABLE_PIN_MEMORY=1: pinned memory on "
-        "(Windows caps it near half of RAM)",
+        "(Windows caps it near half of physical RAM)",
         details,
         links=links,
     )
