@@ -70,8 +70,12 @@ def _client(handler: Any) -> httpx.Client:
     return httpx.Client(transport=httpx.MockTransport(handler))
 
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "Назови"}], "max_tokens": 32,
-        "stream": False}
+BODY = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "Назови"}],
+    "max_tokens": 32,
+    "stream": False,
+}
 
 
 def test_chat_request_ok_and_body_is_utf8() -> None:
@@ -80,10 +84,13 @@ def test_chat_request_ok_and_body_is_utf8() -> None:
     def handler(req: httpx.Request) -> httpx.Response:
         seen["body"] = json.loads(req.content.decode("utf-8"))
         assert "Назови".encode() in req.content  # Cyrillic kept intact, not \\u-escaped
-        return httpx.Response(200, json={
-            "choices": [{"message": {"content": "Париж"}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 2},
-        })
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"message": {"content": "Париж"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 2},
+            },
+        )
 
     with _client(handler) as c:
         r = chat_request(c, "http://x/v1/chat/completions", BODY, ["Париж"], 5)
@@ -97,8 +104,10 @@ def test_chat_request_ok_and_body_is_utf8() -> None:
     [
         (httpx.Response(200, content=b'{"choi'), "not valid JSON"),
         (httpx.Response(200, json={"usage": {}}), "no `choices`"),
-        (httpx.Response(404, json={"error": {"message": "The model `m` does not exist."}}),
-         "HTTP 404: The model"),
+        (
+            httpx.Response(404, json={"error": {"message": "The model `m` does not exist."}}),
+            "HTTP 404: The model",
+        ),
     ],
 )
 def test_chat_request_failures(response: httpx.Response, error: str) -> None:

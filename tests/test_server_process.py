@@ -36,14 +36,29 @@ def tagged(tag: str) -> list[int]:
 
 
 def fake(port: int, offload: str = "0", model: str = "m") -> list[str]:
-    return [str(FAKE), "serve", model, "--cpu-offload-gb", offload, "--host", "127.0.0.1",
-            "--port", str(port)]
+    return [
+        str(FAKE),
+        "serve",
+        model,
+        "--cpu-offload-gb",
+        offload,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
 
 
 def test_ready_then_sigint_stops_whole_tree(tmp_path: Path) -> None:
     port = free_port()
-    srv = ServerProcess(fake(port), log_path=tmp_path / "s.log", host="127.0.0.1", port=port,
-                        served_model="m", env=dict(os.environ, FAKE_VLLM_SCENARIO="tp2"))
+    srv = ServerProcess(
+        fake(port),
+        log_path=tmp_path / "s.log",
+        host="127.0.0.1",
+        port=port,
+        served_model="m",
+        env=dict(os.environ, FAKE_VLLM_SCENARIO="tp2"),
+    )
     with srv:
         res = srv.wait_ready(20)
         assert res.ready, res
@@ -58,8 +73,9 @@ def test_ready_then_sigint_stops_whole_tree(tmp_path: Path) -> None:
 
 def test_wrong_served_name_is_not_ready(tmp_path: Path) -> None:
     port = free_port()
-    with ServerProcess(fake(port), log_path=tmp_path / "s.log", host="127.0.0.1", port=port,
-                       served_model="other") as srv:
+    with ServerProcess(
+        fake(port), log_path=tmp_path / "s.log", host="127.0.0.1", port=port, served_model="other"
+    ) as srv:
         res = srv.wait_ready(1.5)
         assert not res.ready and res.timed_out
     assert tagged(srv.tag) == []
@@ -67,9 +83,14 @@ def test_wrong_served_name_is_not_ready(tmp_path: Path) -> None:
 
 def test_early_exit_detected_immediately(tmp_path: Path) -> None:
     port = free_port()
-    srv = ServerProcess(fake(port, "0.5"), log_path=tmp_path / "s.log", host="127.0.0.1",
-                        port=port, served_model="m",
-                        env=dict(os.environ, FAKE_VLLM_SCENARIO="oom-load"))
+    srv = ServerProcess(
+        fake(port, "0.5"),
+        log_path=tmp_path / "s.log",
+        host="127.0.0.1",
+        port=port,
+        served_model="m",
+        env=dict(os.environ, FAKE_VLLM_SCENARIO="oom-load"),
+    )
     with srv:
         t0 = time.monotonic()
         res = srv.wait_ready(60)
@@ -98,8 +119,15 @@ def test_stubborn_tree_is_killed_including_escaped_grandchild(tmp_path: Path) ->
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
     port = free_port()
-    srv = ServerProcess([sys.executable, str(script)], log_path=tmp_path / "s.log",
-                        host="127.0.0.1", port=port, served_model="m", grace_s=0.5, term_s=0.5)
+    srv = ServerProcess(
+        [sys.executable, str(script)],
+        log_path=tmp_path / "s.log",
+        host="127.0.0.1",
+        port=port,
+        served_model="m",
+        grace_s=0.5,
+        term_s=0.5,
+    )
     with srv:
         deadline = time.monotonic() + 10
         while len(srv.live_tree()) < 2 and time.monotonic() < deadline:
@@ -114,8 +142,13 @@ def test_stubborn_tree_is_killed_including_escaped_grandchild(tmp_path: Path) ->
 
 
 def test_missing_command_raises_oserror(tmp_path: Path) -> None:
-    srv = ServerProcess([str(tmp_path / "nope")], log_path=tmp_path / "s.log", host="127.0.0.1",
-                        port=free_port(), served_model="m")
+    srv = ServerProcess(
+        [str(tmp_path / "nope")],
+        log_path=tmp_path / "s.log",
+        host="127.0.0.1",
+        port=free_port(),
+        served_model="m",
+    )
     with pytest.raises(OSError):
         srv.start()
     assert srv.stop().signals == []

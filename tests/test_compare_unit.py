@@ -1,0 +1,297 @@
+"""compare without processes: commands, config rules, verdict logic, rendering, atomic writes."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_offload_doctor import compare_cli
+from vllm_offload_doctor.compare import (
+    DEFAULT_MODEL,
+    DEFAULT_REVISION,
+    MRV2_LINKS,
+    CompareConfig,
+    atomic_write,
+    commands_text,
+    compare_pair,
+    relevant_env,
+)
+from vllm_offload_doctor.compare_render import render_markdown, render_text
+from vllm_offload_doctor.errors import DoctorError
+
+
+def test_default_command_is_the_reference_procedure() -> None:
+    cfg = CompareConfig()
+    assert cfg.modes() == [0.0, 0.5]
+    assert cfg.argv(0.0) == [
+        "vllm",
+        "serve",
+        "Qwen/Qwen3-0.6B",
+        "--revision",
+        DEFAULT_REVISION,
+        "--cpu-offload-gb",
+        "0",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--max-model-len",
+        "2048",
+    ]
+    assert cfg.request_body() == {
+        "model": "Qwen/Qwen3-0.6B",
+        "messages": [{"role": "user", "content": "Назови одним словом столицу Франции. /no_think"}],
+        "max_tokens": 32,
+        "stream": False,
+    }
+    assert cfg.expected_answers == ["Париж", "Paris"]
+    assert compare_cli.DEFAULT_MODEL == DEFAULT_MODEL
+
+
+def test_local_model_gets_no_revision_and_served_name_is_used() -> None:
+    cfg = CompareConfig(
+        model="/tmp/qwen3-0.6b-random",
+        served_model_name="Qwen/Qwen3-0.6B",
+        extra_args=["--attention-backend", "TRITON_ATTN"],
+    )
+    argv = cfg.argv(0.5)
+    assert "--revision" not in argv
+    assert argv[-4:] == [
+        "--served-model-name",
+        "Qwen/Qwen3-0.6B",
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
+    assert cfg.request_body()["model"] == "Qwen/Qwen3-0.6B"
+    # explicit revision for another model, and `none` to drop the default
+    assert "--revision" in CompareConfig(model="x/y", revision="abc").argv(0)
+    assert "--revision" not in CompareConfig(revision="none").argv(0)
+
+
+def test_custom_prompt_has_no_answer_check_unless_expect() -> None:
+    assert CompareConfig(prompt="hi").expected_answers == []
+    assert CompareConfig(prompt="hi", expect=["yo"]).expected_answers == ["yo"]
+
+
+@pytest.mark.parametrize(
+    ("args", "tp"),
+    [
+        ([], 1),
+        (["--tensor-parallel-size", "2"], 2),
+        (["--tensor-parallel-size=4"], 4),
+        (["-tp", "2"], 2),
+    ],
+)
+def test_tensor_parallel_size_from_extra_args(args: list[str], tp: int) -> None:
+    assert CompareConfig(extra_args=args).tensor_parallel_size() == tp
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        CompareConfig(extra_args=["--cpu-offload-gb", "3"]),
+        CompareConfig(extra_args=["--port=9000"]),
+        CompareConfig(offload_gb=[0.0]),
+        CompareConfig(offload_gb=[-1.0]),
+        CompareConfig(repeats=0),
+    ],
+)
+def test_invalid_configs(cfg: CompareConfig) -> None:
+    with pytest.raises(DoctorError):
+        cfg.validate()
+
+
+def test_commands_text_redacts_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz123456")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    cfg = CompareConfig(extra_args=["--api-key", "sk-supersecretsupersecret"])
+    text = commands_text(cfg)
+    assert "supersecret" not in text and "hf_abcdef" not in text
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in text
+    assert relevant_env()["HF_TOKEN"] == "***"
+
+
+def test_atomic_write_replaces(tmp_path: Path) -> None:
+    p = tmp_path / "report.json"
+    atomic_write(p, "1")
+    atomic_write(p, "2")
+    assert p.read_text() == "2" and [x.name for x in tmp_path.iterdir()] == ["report.json"]
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+def _mode(label: str, gb: float, **facts: Any) -> dict[str, Any]:
+    f: dict[str, Any] = {
+        "vllm_version": "0.25.1",
+        "model_runner": "v1",
+        "offloader": None,
+        "offloaded_gib": None,
+        "model_loading_gib": 1.12,
+        "kv_cache_gib": 124.75,
+        "kv_cache_tokens": 1_167_936,
+        "ranks": {},
+    }
+    f.update(facts)
+    return {
+        "label": label,
+        "offload_gb": gb,
+        "status": "ok",
+        "startup_s": 100.0,
+        "command": ["vllm", "serve", "m"],
+        "log": f"mode-{label}.log",
+        "log_facts": f,
+        "analysis": {
+            "category": "healthy",
+            "offload_status": "not_requested",
+            "links": [],
+            "remedy": "",
+            "summary": "ok",
+            "title": "healthy",
+        },
+        "latency": {
+            "n": 5,
+            "ok": 5,
+            "median_s": 0.070,
+            "p95_s": 0.08,
+            "min_s": 0.069,
+            "tokens_per_s": 457.0,
+            "completion_tokens_median": 32,
+        },
+        "gpu": {
+            "available": True,
+            "devices": [
+                {
+                    "index": 0,
+                    "used_mib": 132_329,
+                    "total_mib": 143_771,
+                    "tree_used_mib": 131_000,
+                    "tree_processes": [{"pid": 2, "name": "VLLM::EngineCor", "used_mib": 131_000}],
+                    "pcie": {
+                        "max_gen": 5,
+                        "max_width": 16,
+                        "current_gen": 5,
+                        "current_width": 16,
+                        "bandwidth_gbs": 63.0,
+                    },
+                }
+            ],
+        },
+        "host_rss": {"total_mib": 2500.0},
+        "answers": [{"answer": "xyz", "count": 5}],
+        "answers_matched": {"matched": 0, "checked": 5},
+    }
+
+
+BASE = _mode("0", 0.0)
+EFFECTIVE = _mode(
+    "0.5",
+    0.5,
+    offloader="UVAOffloader",
+    offloaded_gib=0.51,
+    model_loading_gib=0.62,
+    kv_cache_gib=125.26,
+)
+EFFECTIVE["analysis"]["offload_status"] = "effective"
+EFFECTIVE["latency"] = dict(EFFECTIVE["latency"], median_s=0.395)
+
+
+def test_verdict_effective_with_link_bound() -> None:
+    c = compare_pair(BASE, EFFECTIVE, CompareConfig())
+    assert c["status"] == "effective"
+    assert c["weights_delta_gib"] == pytest.approx(0.5)
+    perf = c["performance"]
+    assert perf["slowdown"] == pytest.approx(5.64, abs=0.01)
+    assert perf["extra_ms_per_token"] == pytest.approx(10.16, abs=0.01)
+    # 0.51 GiB over 63 GB/s x 0.85 -> ~10.2 ms per token; measured about the same
+    assert perf["link_bound_ms_per_token"] == pytest.approx(10.23, abs=0.05)
+    assert perf["implied_gbs"] == pytest.approx(53.9, abs=0.5)
+    assert "PCIe gen5 x16" in c["summary"]
+
+
+def test_verdict_ignored_v2_has_links_and_remedy() -> None:
+    off = _mode("0.5", 0.5, model_runner="v2")
+    off["analysis"].update(category="offload_ignored", offload_status="ignored")
+    c = compare_pair(BASE, off, CompareConfig())
+    assert c["status"] == "ignored"
+    assert set(MRV2_LINKS) <= set(c["links"])
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in c["remedy"] and "0.28.0" in c["remedy"]
+
+
+def test_verdict_ignored_from_measurement_alone() -> None:
+    off = _mode("0.5", 0.5)  # V1, no offload lines, same weights: nothing moved
+    off["analysis"]["offload_status"] = "unknown"
+    c = compare_pair(BASE, off, CompareConfig())
+    assert c["status"] == "ignored" and "make_layers" in c["summary"]
+
+
+def test_verdict_failed_carries_root_cause() -> None:
+    off = copy.deepcopy(EFFECTIVE)
+    off.update(status="exited", reason="the server exited with status 1 before it was ready")
+    off["analysis"].update(
+        category="oom_weights",
+        title="CUDA OOM while loading weights",
+        summary="Out of memory loading weights.",
+        remedy="Offload more.",
+        links=["https://docs.vllm.ai/x"],
+    )
+    c = compare_pair(BASE, off, CompareConfig())
+    assert c["status"] == "failed" and c["failed_mode"] == "0.5"
+    assert "oom_weights" in c["summary"] and c["remedy"] == "Offload more."
+
+
+def test_verdict_failed_baseline() -> None:
+    base = copy.deepcopy(BASE)
+    base.update(status="timeout", reason="not ready after 600 s (--timeout)", phase="CUDA graphs")
+    c = compare_pair(base, None, CompareConfig())
+    assert c["status"] == "failed" and "baseline" in c["summary"] and "CUDA graphs" in c["summary"]
+
+
+def test_verdict_inconclusive_when_loading_missing() -> None:
+    base = _mode("0", 0.0, model_loading_gib=None)
+    off = _mode("0.5", 0.5, model_loading_gib=None)
+    off["analysis"]["offload_status"] = "unknown"
+    c = compare_pair(base, off, CompareConfig())
+    assert c["status"] == "inconclusive" and "missing" in c["summary"]
+
+
+def test_verdict_tp_ranks_disagree() -> None:
+    ranks_b = {f"Worker_TP{i}": {"offloaded_gib": None, "model_loading_gib": 0.58} for i in (0, 1)}
+    ranks_o = {
+        "Worker_TP0": {"offloaded_gib": 0.51, "model_loading_gib": 0.08},
+        "Worker_TP1": {"offloaded_gib": None, "model_loading_gib": 0.58},
+    }
+    base = _mode("0", 0.0, ranks=ranks_b, model_loading_gib=0.58)
+    off = _mode("0.5", 0.5, ranks=ranks_o, offloaded_gib=0.51, model_loading_gib=0.08)
+    c = compare_pair(base, off, CompareConfig())
+    assert c["status"] == "inconclusive" and "Worker_TP1" in c["summary"]
+    assert c["ranks"]["Worker_TP0"]["status"] == "effective"
+    assert c["ranks"]["Worker_TP1"]["status"] == "ignored"
+
+
+def test_render_text_and_markdown() -> None:
+    report = {
+        "modes": [BASE, EFFECTIVE],
+        "complete": True,
+        "interrupted": False,
+        "config": {"model": "m", "served_model_name": "m", "warmup": 1, "repeats": 5},
+        "verdict": {
+            "status": "effective",
+            "title": "offload took effect",
+            "summary": "S",
+            "remedy": "",
+            "links": [],
+            "notes": ["N"],
+        },
+        "environment": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    }
+    text = render_text(report, "/out")
+    assert "Verdict: OK offload took effect" in text and "0.51 GiB" in text
+    assert "Model loading took" in text and "395 ms" in text
+    md = render_markdown(report)
+    assert "**Verdict: `effective`**" in md and "| Model loading took |" in md
+    json.dumps(report)  # the report is plain JSON
