@@ -110,7 +110,7 @@ def test_read_nvml_decodes_bytes_and_tolerates_not_supported(
     me, ghost = first.processes
     assert me.pid == os.getpid() and me.used_bytes == 2 * GIB and me.name
     assert ghost.name is None and ghost.used_bytes is None
-    assert mod.state["shutdown"] == 1  # type: ignore[attr-defined]
+    assert mod.state["shutdown"] == 1
 
 
 def test_read_nvml_init_failure_is_an_error_not_a_traceback(
@@ -127,7 +127,7 @@ def test_read_nvml_query_failure_is_an_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(sys.modules, "pynvml", mod)
     info = read_nvml()
     assert info.error == "NVML query failed: GPU is lost"
-    assert mod.state["shutdown"] == 1  # type: ignore[attr-defined]
+    assert mod.state["shutdown"] == 1
 
 
 def test_read_nvml_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,7 +231,7 @@ def test_platform_detects_wsl_like_vllm(tmp_path: Path, monkeypatch: pytest.Monk
     uname = platform.uname_result(
         "Linux", "box", "5.15.153.1-microsoft-standard-WSL2", "#1 SMP", "x86_64"
     )
-    monkeypatch.setattr(probes._platform, "uname", lambda: uname)
+    monkeypatch.setattr(platform, "uname", lambda: uname)
     monkeypatch.setenv("WSL_DISTRO_NAME", "Ubuntu")
     monkeypatch.delenv("WSL_INTEROP", raising=False)
     marker = tmp_path / "proc/sys/fs/binfmt_misc/WSLInterop"
