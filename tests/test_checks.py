@@ -581,6 +581,18 @@ def test_fits_only_with_offload_ok() -> None:
     assert "fit only with offload" in result.message
 
 
+def test_offloading_more_than_needed_is_noted() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=100)
+    assert result.status is Status.OK
+    assert "offloading more than 72 GiB per GPU only costs speed" in result.details
+
+
+def test_offloading_more_than_the_weights_warns() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=150)
+    assert result.status is Status.WARN
+    assert "--cpu-offload-gb 72" in result.remedy
+
+
 def test_does_not_fit_even_with_offload_fails() -> None:
     result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=20)
     assert result.status is Status.FAIL

@@ -839,13 +839,29 @@ def check_fit(ctx: Context) -> CheckResult:
             links=links,
         )
     if offload >= to_offload:
+        if offload > per_gpu:
+            return CheckResult(
+                "fit",
+                title,
+                Status.WARN,
+                f"--offload-gb {opts.offload_gb:g} is more than the {weights}; "
+                f"{minimum} GiB per GPU is enough",
+                details,
+                remedy=f"Use --cpu-offload-gb {minimum}: every offloaded GiB costs speed.",
+                links=links,
+            )
+        extra = (
+            (f"offloading more than {minimum} GiB per GPU only costs speed",)
+            if offload > minimum * GIB
+            else ()
+        )
         return CheckResult(
             "fit",
             title,
             Status.OK,
             f"{weights} fit only with offload: at least {minimum} GiB per GPU, "
             f"{opts.offload_gb:g} given",
-            details,
+            (*details, *extra),
             links=links,
         )
     given = f"even with {opts.offload_gb:g} GiB offloaded" if offload > 0 else "without offload"
