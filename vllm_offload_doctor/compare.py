@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import time
@@ -449,6 +450,8 @@ class CompareRun:
                 mode["log_facts"], mode["analysis"] = analysis_dicts(analysis)
             else:
                 mode["analysis_error"] = err
+            if mode["status"] != "ok":
+                mode["last_error_line"] = last_error_line(log_path)
             if prog:
                 prog.line(f"stopped in {stop.stop_s:.1f} s ({', '.join(stop.signals) or 'exited'})")
             self.write()
@@ -520,6 +523,21 @@ class CompareRun:
         self.report["verdict"] = verdict
 
 
+_ERROR_LINE = re.compile(r"\b\w*(?:Error|Exception)\b: |failed to start|initialization failed")
+
+
+def last_error_line(path: Path) -> str | None:
+    """The last line of a log that looks like an error (a hint when analysis has none)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line) and "WARNING" not in line:
+            return redact(line.strip())[:400]
+    return None
+
+
 def _proc_list(pids: list[int]) -> list[dict[str, Any]]:
     from vllm_offload_doctor.measure import process_names
 
@@ -550,6 +568,10 @@ def _failure(mode: dict[str, Any], which: str) -> dict[str, Any]:
         )
     elif a:
         summary += " Its log names no known root cause; read the end of the log."
+    if (not a or cat in ("healthy", "unknown")) and mode.get("last_error_line"):
+        summary += f" Last error line: {mode['last_error_line']}"
+    if mode.get("analysis_error"):
+        summary += f" ({mode['analysis_error']})"
     notes = []
     if a.get("offload_status") == "ignored":
         notes.append(

@@ -303,7 +303,11 @@ class ServerProcess:
             return False
         except PermissionError:
             return True
-        return True
+        if self.proc is not None and self.proc.returncode is None:
+            return True
+        # The leader is gone: zombies (orphans not yet reaped, e.g. when pid 1 does not reap)
+        # still answer killpg, so look for a live member of the group.
+        return _live_group_member(pgid)
 
     def _wait_group(self, pgid: int, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -332,6 +336,18 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _live_group_member(pgid: int) -> bool:
+    import psutil
+
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                return True
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return False
 
 
 @contextlib.contextmanager
