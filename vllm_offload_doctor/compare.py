@@ -520,6 +520,10 @@ class CompareRun:
         verdict["notes"] = [*notes, NVSMI_NOTE]
         if len(comparisons) > 1:
             verdict["per_offload"] = {c["offload_gb"]: c["status"] for c in comparisons}
+            verdict["summary"] = " ".join(
+                f"[offload {fmt_gb(c['offload_gb'])} GiB: {c['status']}] {c['summary']}"
+                for c in comparisons
+            )
         self.report["verdict"] = verdict
 
 
