@@ -1,0 +1,263 @@
+"""Rule files: every kind of mistake is a one-line RuleFileError naming the file and the key;
+the `rules` command and `analyze --rules` with user rule directories."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_offload_doctor.analyze import Engine
+from vllm_offload_doctor.cli import main
+from vllm_offload_doctor.errors import RuleFileError
+from vllm_offload_doctor.rules import load_rule, load_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+HEALTHY_LOG = ROOT / "fixtures" / "logs" / "healthy-0.25.1.log"
+
+USER_RULE = '''\
+id = "USR001"
+name = "sidecar-refused"
+title = "The auth sidecar refused the engine"
+severity = "error"
+category = "crash_other"
+precedence = 99
+keywords = ["sidecar"]
+patterns = ['auth sidecar refused connection from (?P<host>\\S+)']
+message = "The company auth sidecar refused {host}."
+remedy = "Restart the sidecar."
+links = ["https://example.com/runbook"]
+'''
+
+USER_LOG = """\
+(APIServer pid=17) INFO 11-29 15:14:24 [api_utils.py:273] non-default args: {'model': 'Qwen3'}
+(APIServer pid=17) ERROR 11-29 15:14:25 [proxy.py:41] auth sidecar refused connection from 10.0.0.9
+"""
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value) + "'"  # TOML literal string: no escapes, so regexes stay as written
+
+
+def _rule_text(**changes: Any) -> str:
+    """A valid rule file, with keys replaced (value) or removed (None); `when` is a table."""
+    data: dict[str, Any] = {
+        "id": "TST001",
+        "title": "A test rule",
+        "severity": "error",
+        "category": "crash_other",
+        "precedence": 5,
+        "keywords": ["boom"],
+        "patterns": [r"boom happened \d+"],
+        "message": "Boom.",
+        "remedy": "Stop the boom.",
+        "links": ["https://example.com/boom"],
+    }
+    when = changes.pop("when", None)
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items()]
+    if when is not None:
+        lines.append("[when]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in when.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _write(directory: Path, text: str, name: str = "TST001-test.toml") -> Path:
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_valid_rule_loads(tmp_path: Path) -> None:
+    rule = load_rule(_write(tmp_path, _rule_text()))
+    assert rule.id == "TST001"
+    assert rule.name == "tst001"
+    assert rule.search("boom happened 42")
+
+
+BAD_RULES = [
+    pytest.param({"colour": "red"}, "colour", id="unknown-key"),
+    pytest.param({"title": None}, "title", id="missing-title"),
+    pytest.param({"patterns": ["boom (unclosed"]}, "patterns[0]", id="bad-regex"),
+    pytest.param({"severity": "fatal"}, "severity", id="bad-severity"),
+    pytest.param({"category": "oom_everything"}, "category", id="bad-category"),
+    pytest.param({"when": {"all": ["gpu_colour == red"]}}, "when.all", id="unknown-fact"),
+    pytest.param({"when": {"any": ["vllm_version ~ >=x"]}}, "when.any", id="bad-version-range"),
+    pytest.param({"links": ["http://example.com/boom"]}, "links", id="non-https-link"),
+    pytest.param({"keywords": None}, "keywords", id="patterns-without-keywords"),
+    pytest.param({"id": "tst-1"}, "id", id="bad-id"),
+    pytest.param({"precedence": "high"}, "precedence", id="bad-precedence"),
+    pytest.param({"when": {"sometimes": ["wsl"]}}, "when.sometimes", id="unknown-when-key"),
+    pytest.param({"patterns": None, "keywords": None}, "patterns", id="no-patterns-no-conditions"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key"), BAD_RULES)
+def test_bad_rule_names_file_and_key(tmp_path: Path, changes: dict[str, Any], key: str) -> None:
+    path = _write(tmp_path, _rule_text(**changes))
+    with pytest.raises(RuleFileError) as exc:
+        load_rule(path)
+    message = str(exc.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: {key}: "), message
+    # The same through load_rules, as `--rules DIR` does it.
+    with pytest.raises(RuleFileError) as exc2:
+        load_rules([tmp_path])
+    assert str(exc2.value) == message
+
+
+def test_not_toml(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'id = "TST001\n')
+    with pytest.raises(RuleFileError) as exc:
+        load_rule(path)
+    assert str(path) in str(exc.value)
+    assert "TOML" in str(exc.value)
+
+
+def test_duplicate_of_builtin_id(tmp_path: Path) -> None:
+    path = _write(tmp_path, _rule_text(id="OFF001"), name="my-off001.toml")
+    with pytest.raises(RuleFileError) as exc:
+        load_rules([tmp_path])
+    message = str(exc.value)
+    assert message.startswith(f"{path}: id: OFF001 is already defined in "), message
+    assert "OFF001-offload-ignored-mrv2.toml" in message
+
+
+def test_rules_dir_that_is_not_a_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(RuleFileError) as exc:
+        load_rules([missing])
+    assert str(missing) in str(exc.value)
+
+
+def test_user_rule_fires(tmp_path: Path) -> None:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    _write(rules_dir, USER_RULE, name="USR001-sidecar.toml")
+    log = tmp_path / "server.log"
+    log.write_text(USER_LOG, encoding="utf-8")
+    engine = Engine(extra_rule_dirs=[rules_dir])
+    analysis = engine.analyze_file(log)
+    assert analysis.findings[0].rule_id == "USR001"
+    assert analysis.verdict.rule_id == "USR001"
+    assert analysis.verdict.summary == "The company auth sidecar refused 10.0.0.9."
+    # ... and stays quiet on a log without the line.
+    assert "USR001" not in [f.rule_id for f in engine.analyze_file(HEALTHY_LOG).findings]
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    assert isinstance(code, int)
+    return code, out, err
+
+
+def test_cli_analyze_bad_rules_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "BADDIR"
+    bad.mkdir()
+    path = _write(bad, _rule_text(severity="fatal"))
+    code, out, err = _cli(capsys, "analyze", "--rules", str(bad), str(HEALTHY_LOG))
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith("offload-doctor: error: ")
+    assert str(path) in err and "severity" in err
+    assert "Traceback" not in err
+
+
+def test_cli_analyze_bad_rules_dir_subprocess(tmp_path: Path) -> None:
+    """The real entry point: one line on stderr, no traceback, exit 2."""
+    bad = tmp_path / "BADDIR"
+    bad.mkdir()
+    _write(bad, _rule_text(patterns=["(unclosed"]))
+    log = tmp_path / "x.log"
+    log.write_text(USER_LOG, encoding="utf-8")
+    exe = shutil.which("offload-doctor")
+    cmd = [exe] if exe else [sys.executable, "-m", "vllm_offload_doctor"]
+    proc = subprocess.run(
+        [*cmd, "analyze", "--rules", str(bad), str(log)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "patterns[0]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_analyze_missing_rules_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _cli(capsys, "analyze", "--rules", str(tmp_path / "nope"), str(HEALTHY_LOG))
+    assert code == 2
+    assert err.count("\n") == 1 and "nope" in err
+
+
+def test_cli_analyze_with_user_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    _write(rules_dir, USER_RULE, name="USR001-sidecar.toml")
+    log = tmp_path / "server.log"
+    log.write_text(USER_LOG, encoding="utf-8")
+    code, out, _ = _cli(capsys, "analyze", "--rules", str(rules_dir), "--format", "json", str(log))
+    assert code == 1
+    result = json.loads(out)["results"][0]
+    assert result["verdict"]["rule_id"] == "USR001"
+
+
+def test_cli_rules_lists_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "rules")
+    assert code == 0
+    listed = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert listed == {r.id for r in load_rules()}
+
+
+def test_cli_rules_lists_user_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path, USER_RULE, name="USR001-sidecar.toml")
+    code, out, _ = _cli(capsys, "rules", "--rules", str(tmp_path))
+    assert code == 0
+    assert "USR001" in out.split()
+
+
+def test_cli_rules_explains_one(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "rules", "OFF001")
+    assert code == 0
+    assert out.startswith("OFF001 (offload-ignored-model-runner-v2): ")
+    assert "offload_ignored" in out
+    assert "https://github.com/vllm-project/vllm/issues/51396" in out
+    assert "when all:" in out
+
+
+def test_cli_rules_explains_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "rules", "port-in-use")
+    assert code == 0
+    assert out.startswith("PORT001 ")
+
+
+def test_cli_rules_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "rules", "--format", "json")
+    assert code == 0
+    assert {r["id"] for r in json.loads(out)} == {r.id for r in load_rules()}
+
+
+def test_cli_rules_unknown(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "rules", "NOPE")
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and "NOPE" in err
