@@ -178,6 +178,10 @@ class _State:
                 hit = self.hits[rule.id] = _Hit(
                     rule, groups={k: v for k, v in m.groupdict().items() if v}, context=tuple(self.recent)
                 )
+            else:
+                for key, value in m.groupdict().items():
+                    if value and key not in hit.groups:
+                        hit.groups[key] = value
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
                 hit.evidence.append(Evidence(line.no, line.text[:600]))
