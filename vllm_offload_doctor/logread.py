@@ -89,33 +89,74 @@ class TruncatedInput(Exception):
     """The stream ended early (e.g. truncated gzip); what was read is still valid."""
 
 
+def _read_chunks(stream: BinaryIO) -> Iterator[bytes]:
+    """Yield raw chunks of about BLOCK bytes.
+
+    `read1` keeps what a truncated gzip stream decompressed before it ended: a plain
+    `read(BLOCK)` loses the whole partial block when the decoder raises.
+    """
+    read = getattr(stream, "read1", None) or stream.read
+    while True:
+        parts: list[bytes] = []
+        size = 0
+        try:
+            while size < BLOCK:
+                piece = read(BLOCK - size)
+                if not piece:
+                    break
+                parts.append(piece)
+                size += len(piece)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            if parts:
+                yield b"".join(parts)
+            raise TruncatedInput(str(exc) or "unexpected end of compressed data") from exc
+        if not parts:
+            return
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _bound_lines(data: bytes) -> bytes:
+    """Break every line of `data` longer than MAX_LINE (a few rfind calls per block)."""
+    if len(data) <= MAX_LINE:
+        return data
+    pieces: list[bytes] = []
+    start = pos = 0
+    while len(data) - pos > MAX_LINE:
+        nl = data.rfind(b"\n", pos, pos + MAX_LINE)
+        if nl >= 0:
+            pos = nl + 1
+            continue
+        pos += MAX_LINE
+        pieces += (data[start:pos], b"\n")
+        start = pos
+    if not pieces:
+        return data
+    pieces.append(data[start:])
+    return b"".join(pieces)
+
+
 def iter_blocks(stream: BinaryIO) -> Iterator[bytes]:
-    """Yield blocks that end on a line boundary; over-long lines are cut at MAX_LINE."""
+    """Yield blocks that end on a line boundary; lines longer than MAX_LINE are cut."""
     carry = b""
+    chunks = _read_chunks(stream)
     while True:
         try:
-            chunk = stream.read(BLOCK)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            chunk = next(chunks, b"")
+        except TruncatedInput:
             if carry:
                 yield carry + b"\n"
-            raise TruncatedInput(str(exc) or "unexpected end of compressed data") from exc
+            raise
         if not chunk:
             break
         data = carry + chunk if carry else chunk
         cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            # No newline at all in this window: a pasted log with its line breaks lost, or junk.
-            if len(data) >= MAX_LINE:
-                yield data + b"\n"
-                carry = b""
-            else:
-                carry = data
-            continue
         carry = data[cut:]
-        yield data[:cut]
-        if len(carry) >= MAX_LINE:
-            yield carry + b"\n"
-            carry = b""
+        if cut:
+            yield _bound_lines(data[:cut])
+        while len(carry) >= MAX_LINE:
+            # No newline for a long stretch: a pasted log with its line breaks lost, or junk.
+            yield carry[:MAX_LINE] + b"\n"
+            carry = carry[MAX_LINE:]
     if carry:
         yield carry + b"\n"
 
