@@ -217,7 +217,7 @@ class _State:
                     message=render_message(rule.message, groups, values),
                     remedy=render_message(rule.remedy, groups, values),
                     links=rule.links,
-                    evidence=tuple(hit.evidence) if hit else _fact_evidence(facts),
+                    evidence=tuple(hit.evidence) if hit else _fact_evidence(facts, self.collector.args_evidence),
                     precedence=rule.precedence,
                 )
             )
@@ -289,11 +289,13 @@ def _derived(facts: Facts, phase: str) -> dict[str, Any]:
     return values
 
 
-def _fact_evidence(facts: Facts) -> tuple[Evidence, ...]:
+def _fact_evidence(facts: Facts, args_line: tuple[int, str] | None) -> tuple[Evidence, ...]:
+    """Evidence for a rule that rests on facts: the args line and the runner line."""
+    out = [Evidence(*args_line)] if args_line else []
     if facts.model_runner_evidence:
         no, _, text = facts.model_runner_evidence.partition(": ")
-        return (Evidence(int(no), text),)
-    return ()
+        out.append(Evidence(int(no), text))
+    return tuple(out)
 
 
 def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = False) -> Offload:

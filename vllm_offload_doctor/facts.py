@@ -133,6 +133,7 @@ class FactCollector:
         self.served_requests = 0
         self.cli_args: dict[str, Any] = {}
         self.serving_setup = False
+        self.args_evidence: tuple[int, str] | None = None
         self.copy_offload = False
 
     def feed(self, line: Line) -> None:
@@ -182,6 +183,7 @@ class FactCollector:
         m = _ARGS.match(msg)
         if m:
             self._apply_args(_parse_dict(m.group("d")))
+            self.args_evidence = (line.no, line.text[:600])
             return
         m = _NAMESPACE.match(msg)
         if m:
