@@ -45,7 +45,8 @@ def analyze(paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redac
 
     engine = Engine(extra_rule_dirs=rule_dirs)
     sources, errors = logread.resolve_inputs(list(paths))
-    renderer = Renderer(color=_use_color(color), hosts=redact, home=redact)
+    use_color = _use_color(color)
+    renderer = Renderer(color=use_color, hosts=redact, home=redact)
     analyses = []
     for msg in errors:
         click.echo(f"offload-doctor: error: {msg}", err=True)
@@ -61,7 +62,8 @@ def analyze(paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redac
         if fmt == "jsonl":
             click.echo(renderer.jsonl_line(analysis))
         elif fmt == "text":
-            click.echo(renderer.text(analysis) + ("\n" if several else ""))
+            # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
+            click.echo(renderer.text(analysis) + ("\n" if several else ""), color=use_color)
         elif fmt == "markdown":
             click.echo(renderer.markdown(analysis) + "\n")
     if fmt == "json":
