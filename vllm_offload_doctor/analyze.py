@@ -30,19 +30,61 @@ from vllm_offload_doctor.rules import Rule, load_rules, render_message
 
 # Words that every line a fact pattern needs contains; rules add their own keywords.
 FACT_KEYWORDS = (
-    "version", "non-default args", "args: Namespace", "LLM engine", "vllm serve", "api_server",
-    "LLM(", "Model Runner", "Model runner", "Loading model from scratch", "Starting to load model",
-    "Offloader", "Total CPU offloaded", "Model loading took", "Loading model weights took",
-    "KV cache", "KV Cache", "GPU blocks", "platform", "GiB", "WSL", "startup complete",
-    "Uvicorn running", "shutdown complete", "Shutting down", "Finished server process",
-    '/completions HTTP/1.', 'File "', "Traceback", "Error", "ERROR", "error", "Exception",
-    "WARNING", "CRITICAL", "Killed", "Memory profiling", "memory profiling", "Capturing",
-    "Graph capturing", "Loading weights", "Loading safetensors", "compute capability",
-    "Route: /v1/", "Available routes", "Started server process", "Waiting for application",
-    "init engine", "Starting vLLM", "standard CPU offloading",
+    "version",
+    "non-default args",
+    "args: Namespace",
+    "LLM engine",
+    "vllm serve",
+    "api_server",
+    "LLM(",
+    "Model Runner",
+    "Model runner",
+    "Loading model from scratch",
+    "Starting to load model",
+    "Offloader",
+    "Total CPU offloaded",
+    "Model loading took",
+    "Loading model weights took",
+    "KV cache",
+    "KV Cache",
+    "GPU blocks",
+    "platform",
+    "GiB",
+    "WSL",
+    "startup complete",
+    "Uvicorn running",
+    "shutdown complete",
+    "Shutting down",
+    "Finished server process",
+    "/completions HTTP/1.",
+    'File "',
+    "Traceback",
+    "Error",
+    "ERROR",
+    "error",
+    "Exception",
+    "WARNING",
+    "CRITICAL",
+    "Killed",
+    "Memory profiling",
+    "memory profiling",
+    "Capturing",
+    "Graph capturing",
+    "Loading weights",
+    "Loading safetensors",
+    "compute capability",
+    "Route: /v1/",
+    "Available routes",
+    "Started server process",
+    "Waiting for application",
+    "init engine",
+    "Starting vLLM",
+    "standard CPU offloading",
 )
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?")
-_FATAL_HINT = re.compile(r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start")
+_FATAL_HINT = re.compile(
+    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
+)
 MAX_EVIDENCE = 5
 MAX_FRAMES = 5000
 GIB_TOLERANCE = 0.05
@@ -65,9 +107,13 @@ class _Hit:
 class Engine:
     """Rules loaded once; `analyze_*` may then be called for many inputs."""
 
-    def __init__(self, rules: Sequence[Rule] | None = None, extra_rule_dirs: Iterable[Path] = ()) -> None:
+    def __init__(
+        self, rules: Sequence[Rule] | None = None, extra_rule_dirs: Iterable[Path] = ()
+    ) -> None:
         self.rules = list(rules) if rules is not None else load_rules(extra_rule_dirs)
-        words = sorted({*FACT_KEYWORDS, *(k for r in self.rules for k in r.keywords)}, key=len, reverse=True)
+        words = sorted(
+            {*FACT_KEYWORDS, *(k for r in self.rules for k in r.keywords)}, key=len, reverse=True
+        )
         self._prefilter = re.compile(b"|".join(re.escape(w.encode()) for w in words))
 
     # -- inputs ---------------------------------------------------------------------------
@@ -158,7 +204,11 @@ class _State:
         is_exception = bool(_EXCEPTION.match(msg)) or bool(_FATAL_HINT.search(msg))
         if is_exception and self.first_fatal_line is None:
             self.first_fatal_line = line.no
-        if is_exception or line.level in ("ERROR", "CRITICAL") and not msg.startswith(("File ", "^", "~")):
+        if (
+            is_exception
+            or (line.level in ("ERROR", "CRITICAL")
+            and not msg.startswith(("File ", "^", "~")))
+        ):
             ev = Evidence(line.no, line.text[:400])
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
@@ -176,7 +226,9 @@ class _State:
             hit = self.hits.get(rule.id)
             if hit is None:
                 hit = self.hits[rule.id] = _Hit(
-                    rule, groups={k: v for k, v in m.groupdict().items() if v}, context=tuple(self.recent)
+                    rule,
+                    groups={k: v for k, v in m.groupdict().items() if v},
+                    context=tuple(self.recent),
                 )
             else:
                 for key, value in m.groupdict().items():
@@ -203,7 +255,9 @@ class _State:
             values = dict(base)
             values["error_phase"] = self._error_phase(first_line, hit.context if hit else ())
             values["fatal_after_ready"] = bool(
-                self.ready_line and self.first_fatal_line and self.first_fatal_line > self.ready_line
+                self.ready_line
+                and self.first_fatal_line
+                and self.first_fatal_line > self.ready_line
             )
             if not rule.conditions_hold(values):
                 continue
@@ -217,7 +271,9 @@ class _State:
                     message=render_message(rule.message, groups, values),
                     remedy=render_message(rule.remedy, groups, values),
                     links=rule.links,
-                    evidence=tuple(hit.evidence) if hit else _fact_evidence(facts, self.collector.args_evidence),
+                    evidence=tuple(hit.evidence)
+                    if hit
+                    else _fact_evidence(facts, self.collector.args_evidence),
                     precedence=rule.precedence,
                 )
             )
@@ -281,7 +337,9 @@ def _derived(facts: Facts, phase: str) -> dict[str, Any]:
     values["offload_requested"] = bool(
         (facts.cpu_offload_gb or 0) > 0 or (facts.offload_group_size or 0) > 0
     )
-    values["progressed"] = PHASES.index(phase) > PHASES.index("start") or bool(facts.model_loading_gib)
+    values["progressed"] = PHASES.index(phase) > PHASES.index("start") or bool(
+        facts.model_loading_gib
+    )
     if facts.gpu_free_gib is not None and facts.gpu_total_gib:
         values["gpu_free_fraction"] = facts.gpu_free_gib / facts.gpu_total_gib
     else:
@@ -326,15 +384,25 @@ def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = Fals
             disagree,
         )
     if any(f.category is Category.OFFLOAD_ERROR for f in findings):
-        return Offload(OffloadStatus.ERROR, requested, offloaded, "offloading itself failed or is unsupported here", disagree)
+        return Offload(
+            OffloadStatus.ERROR,
+            requested,
+            offloaded,
+            "offloading itself failed or is unsupported here",
+            disagree,
+        )
     if offloaded:
         detail = f"{offloaded:.2f} GiB of weights were moved to host memory"
         if len(statuses) > 1:
-            detail += " (largest per rank; " + ", ".join(
-                f"{r.process}: {r.offloaded_gib if r.offloaded_gib is not None else 'none'}"
-                for r in facts.ranks.values()
-                if r.offloaded_gib is not None or r.offloader
-            ) + ")"
+            detail += (
+                " (largest per rank; "
+                + ", ".join(
+                    f"{r.process}: {r.offloaded_gib if r.offloaded_gib is not None else 'none'}"
+                    for r in facts.ranks.values()
+                    if r.offloaded_gib is not None or r.offloader
+                )
+                + ")"
+            )
         if disagree:
             detail += "; ranks disagree: some logged no offload"
         return Offload(OffloadStatus.EFFECTIVE, requested, offloaded, detail, disagree)
@@ -349,11 +417,20 @@ def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = Fals
         )
     if not requested and not (facts.offload_group_size or 0) > 0:
         if requested is None and facts.offloader in ("UVAOffloader", "PrefetchOffloader"):
-            return Offload(OffloadStatus.UNKNOWN, None, None, "an offloader was installed but no offloaded amount was logged")
-        return Offload(OffloadStatus.NOT_REQUESTED, requested, None, "no --cpu-offload-gb above 0 in the log")
+            return Offload(
+                OffloadStatus.UNKNOWN,
+                None,
+                None,
+                "an offloader was installed but no offloaded amount was logged",
+            )
+        return Offload(
+            OffloadStatus.NOT_REQUESTED, requested, None, "no --cpu-offload-gb above 0 in the log"
+        )
     if facts.device_cpu:
         return Offload(
-            OffloadStatus.UNKNOWN, requested, None,
+            OffloadStatus.UNKNOWN,
+            requested,
+            None,
             "--cpu-offload-gb has no meaning on the CPU backend (device=cpu): everything is in host memory already",
         )
     version = _version(facts.vllm_version)
@@ -392,10 +469,14 @@ def _rank_statuses(facts: Facts) -> list[str]:
     return statuses
 
 
-def _verdict(facts: Facts, findings: list[Finding], offload: Offload, *, serving_setup: bool = False) -> Verdict:
+def _verdict(
+    facts: Facts, findings: list[Finding], offload: Offload, *, serving_setup: bool = False
+) -> Verdict:
     if findings:
         top = findings[0]
-        return Verdict(top.category, top.rule_id, top.title, top.message, top.severity, top.remedy, top.links)
+        return Verdict(
+            top.category, top.rule_id, top.title, top.message, top.severity, top.remedy, top.links
+        )
     if facts.reached_ready or serving_setup:
         summary = (
             "the server started; no failure found in the log"
@@ -438,7 +519,9 @@ def analyze_lines(lines: Iterable[str], name: str = "<lines>") -> Analysis:
     return default_engine().analyze_lines(lines, name)
 
 
-def iter_analyses(engine: Engine, sources: Iterable[logread.Source]) -> Iterator[Analysis | InputError]:
+def iter_analyses(
+    engine: Engine, sources: Iterable[logread.Source]
+) -> Iterator[Analysis | InputError]:
     for source in sources:
         try:
             yield engine.analyze_source(source)

@@ -25,15 +25,23 @@ def _use_color(ctx_color: bool | None) -> bool:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option(
-    "--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+    "--rules",
+    "rule_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
     help="Directory of extra rule files (TOML); may be repeated.",
 )
 @click.option(
-    "--redact", is_flag=True,
+    "--redact",
+    is_flag=True,
     help="Also hide host names and home-directory user names (secrets are always hidden).",
 )
-@click.option("--color/--no-color", default=None, help="Colour the text output (default: on a terminal).")
-def analyze(paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redact: bool, color: bool | None) -> int:
+@click.option(
+    "--color/--no-color", default=None, help="Colour the text output (default: on a terminal)."
+)
+def analyze(
+    paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redact: bool, color: bool | None
+) -> int:
     """Name the root cause in vLLM server logs.
 
     PATHS are log files, directories (every *.log, *.txt, *.gz under them) or - for stdin.
@@ -77,8 +85,12 @@ def analyze(paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redac
 
 @click.command("rules")
 @click.argument("rule_id", required=False)
-@click.option("--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(("text", "json")), default="text", show_default=True)
+@click.option(
+    "--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path)
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(("text", "json")), default="text", show_default=True
+)
 def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
     """List the rules, or explain one (by id or name)."""
     from vllm_offload_doctor.rules import load_rules

@@ -6,6 +6,7 @@ Heavy imports (httpx, pynvml, psutil, regex) happen inside the commands so that
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ import click
 
 from vllm_offload_doctor import __version__, exitcodes
 from vllm_offload_doctor.errors import DoctorError
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="offload-doctor")
@@ -79,7 +81,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _stderr(message: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         click.echo(message, err=True)
-    except OSError:
-        pass

@@ -44,7 +44,9 @@ _RUNNER_FALLBACK = re.compile(
 )
 _OFFLOADER = re.compile(r"^Offloader set to (?P<c>\w+)")
 _TOTAL = re.compile(r"^Total CPU offloaded parameters: (?P<g>[\d.]+)")
-_PREFETCH = re.compile(r"^\[PrefetchOffloader\] Initialized \d+ modules\. Total GPU memory saved: (?P<g>[\d.]+) GB")
+_PREFETCH = re.compile(
+    r"^\[PrefetchOffloader\] Initialized \d+ modules\. Total GPU memory saved: (?P<g>[\d.]+) GB"
+)
 _LOADING = re.compile(r"^Model loading took (?P<g>-?[\d.]+) GiB(?P<mem> memory)? and")
 _LOADING_OLD = re.compile(r"^Loading model weights took (?P<g>[\d.]+) GB")
 _KV_MEM = re.compile(r"^Available KV cache memory: (?P<g>-?[\d.]+) GiB")
@@ -54,12 +56,16 @@ _PLATFORM = re.compile(r"^Automatically detected platform (?P<p>\w+)\.")
 _CUDA_OOM = re.compile(
     r"GPU (?P<idx>\d+) has a total capac(?:i)?ty of (?P<tot>[\d.]+ [KMG]iB) of which (?P<free>[\d.]+ [KMG]iB) is free"
 )
-_FREE_ON_DEVICE = re.compile(r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<tot>[\d.]+) GiB\)")
+_FREE_ON_DEVICE = re.compile(
+    r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<tot>[\d.]+) GiB\)"
+)
 _GPU_NAME = re.compile(
     r"(?:Your (?P<a>.+?) GPU has compute capability|device '(?P<b>[^']+)' \(with compute capability"
     r"|GPU \d+: (?P<c>NVIDIA [^,(]+))"
 )
-_WSL = re.compile(r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2")
+_WSL = re.compile(
+    r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2"
+)
 _READY = re.compile(r"^(?:Application startup complete|Uvicorn running on )")
 _SERVED = re.compile(r'"(?:POST|GET) /v1/(?:chat/)?completions HTTP/1\.[01]" 200')
 _SERVING_SETUP = re.compile(
@@ -73,30 +79,72 @@ _FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<fn>[\w<>]+)')
 # Traceback frames and log lines that say which start-up phase a failure belongs to.
 PHASE_FRAMES = {
     "loading": (
-        "load_model", "load_weights", "make_layers", "initialize_model", "_initialize_model",
-        "maybe_offload_to_cpu", "wrap_modules", "get_model", "_init_model", "create_weights",
-        "init_device", "process_weights_after_loading",
+        "load_model",
+        "load_weights",
+        "make_layers",
+        "initialize_model",
+        "_initialize_model",
+        "maybe_offload_to_cpu",
+        "wrap_modules",
+        "get_model",
+        "_init_model",
+        "create_weights",
+        "init_device",
+        "process_weights_after_loading",
     ),
     "profiling": (
-        "profile_run", "determine_available_memory", "determine_num_available_blocks",
-        "_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run", "profile",
+        "profile_run",
+        "determine_available_memory",
+        "determine_num_available_blocks",
+        "_dummy_run",
+        "_dummy_sampler_run",
+        "_dummy_pooler_run",
+        "profile",
     ),
     "kv_cache": (
-        "check_enough_kv_cache_memory", "_check_enough_kv_cache_memory",
-        "raise_if_cache_size_invalid", "initialize_kv_cache", "_initialize_kv_caches",
-        "get_kv_cache_config", "initialize_cache", "_allocate_kv_cache_tensors",
-        "allocate_kv_cache", "_allocate_kv_cache", "initialize_from_config",
+        "check_enough_kv_cache_memory",
+        "_check_enough_kv_cache_memory",
+        "raise_if_cache_size_invalid",
+        "initialize_kv_cache",
+        "_initialize_kv_caches",
+        "get_kv_cache_config",
+        "initialize_cache",
+        "_allocate_kv_cache_tensors",
+        "allocate_kv_cache",
+        "_allocate_kv_cache",
+        "initialize_from_config",
     ),
-    "graphs": ("capture_model", "capture", "capture_end", "_capture_cudagraphs", "compile_or_warm_up_model"),
+    "graphs": (
+        "capture_model",
+        "capture",
+        "capture_end",
+        "_capture_cudagraphs",
+        "compile_or_warm_up_model",
+    ),
     "runtime": ("execute_model", "sample_tokens", "step", "_process_engine_step", "run_busy_loop"),
 }
 _FRAME_PHASE = {fn: phase for phase, fns in PHASE_FRAMES.items() for fn in fns}
 _PHASE_LINES = (
-    (re.compile(r"^(?:Starting to load model|Loading model from scratch|Loading weights|Loading safetensors)"), "loading"),
+    (
+        re.compile(
+            r"^(?:Starting to load model|Loading model from scratch|Loading weights|Loading safetensors)"
+        ),
+        "loading",
+    ),
     (re.compile(r"^(?:Model loading took|Loading model weights took)"), "loaded"),
     (re.compile(r"(?i)memory profiling|^Memory profiling takes"), "profiling"),
-    (re.compile(r"^(?:Available KV cache memory|GPU KV cache size|# GPU blocks|# cpu blocks)", re.I), "kv_cache"),
-    (re.compile(r"(?i)^(?:Capturing (?:CUDA graph|cudagraphs|the model for CUDA graphs)|Graph capturing finished)"), "graphs"),
+    (
+        re.compile(
+            r"^(?:Available KV cache memory|GPU KV cache size|# GPU blocks|# cpu blocks)", re.I
+        ),
+        "kv_cache",
+    ),
+    (
+        re.compile(
+            r"(?i)^(?:Capturing (?:CUDA graph|cudagraphs|the model for CUDA graphs)|Graph capturing finished)"
+        ),
+        "graphs",
+    ),
     (re.compile(r"^(?:Application startup complete|Uvicorn running on)"), "ready"),
 )
 CODE_HINTS = (
@@ -170,7 +218,7 @@ class FactCollector:
 
     def _identity(self, line: Line) -> None:
         msg, f = line.msg, self.facts
-        if f.vllm_version is None and "ersion" in msg or "LLM engine" in msg or "vllm" in msg:
+        if (f.vllm_version is None and "ersion" in msg) or "LLM engine" in msg or "vllm" in msg:
             for rx in _VERSION:
                 m = rx.search(msg)
                 if m and f.vllm_version is None:
@@ -187,7 +235,9 @@ class FactCollector:
             return
         m = _NAMESPACE.match(msg)
         if m:
-            self._apply_args({k: _literal(v) for k, v in re.findall(r"(\w+)=('[^']*'|[^,]+)", m.group("d"))})
+            self._apply_args(
+                {k: _literal(v) for k, v in re.findall(r"(\w+)=('[^']*'|[^,]+)", m.group("d"))}
+            )
             return
         if _ENGINE_CFG.search(msg):
             for cm in _CFG_ITEM.finditer(msg):
@@ -260,7 +310,9 @@ class FactCollector:
             gib = _num(m.group("g"))
             if gib is not None:
                 self._rank(line).model_loading_gib = gib
-                f.model_loading_gib = gib if f.model_loading_gib is None else max(f.model_loading_gib, gib)
+                f.model_loading_gib = (
+                    gib if f.model_loading_gib is None else max(f.model_loading_gib, gib)
+                )
             if m.re is _LOADING and not m.group("mem") and f.model_runner == "unknown":
                 # V2 spells it without "memory" in 0.12-0.27.1; V1 did so only up to 0.11.
                 f.model_runner_evidence = f"{line.no}: {msg}"

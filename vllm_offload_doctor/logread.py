@@ -41,9 +41,7 @@ def resolve_inputs(args: list[str]) -> tuple[list[Source], list[str]]:
         path = Path(arg)
         if path.is_dir():
             found = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
+                p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
             )
             if not found:
                 errors.append(f"{arg}: directory holds no *.log, *.txt or *.gz files")

@@ -145,7 +145,10 @@ class Analysis:
 
     @property
     def failed(self) -> bool:
-        return self.verdict.category not in (Category.HEALTHY, Category.UNKNOWN) or self.offload.status in (
+        return self.verdict.category not in (
+            Category.HEALTHY,
+            Category.UNKNOWN,
+        ) or self.offload.status in (
             OffloadStatus.IGNORED,
             OffloadStatus.ERROR,
         )

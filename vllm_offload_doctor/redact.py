@@ -72,4 +72,6 @@ def _host_names() -> list[str]:
     import socket
 
     names = {socket.gethostname(), os.uname().nodename}
-    return sorted((n for n in names if n and n != "localhost" and len(n) > 2), key=len, reverse=True)
+    return sorted(
+        (n for n in names if n and n != "localhost" and len(n) > 2), key=len, reverse=True
+    )

@@ -8,7 +8,13 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from vllm_offload_doctor.model import SCHEMA_VERSION, Analysis, Category, OffloadStatus
+from vllm_offload_doctor.model import (
+    SCHEMA_VERSION,
+    Analysis,
+    Category,
+    OffloadStatus,
+    RankOffload,
+)
 from vllm_offload_doctor.redact import redact
 
 
@@ -30,7 +36,14 @@ def _scrub(value: Any, *, hosts: bool, home: bool) -> Any:
 
 
 class Renderer:
-    def __init__(self, *, color: bool = False, redact_secrets: bool = True, hosts: bool = False, home: bool = False):
+    def __init__(
+        self,
+        *,
+        color: bool = False,
+        redact_secrets: bool = True,
+        hosts: bool = False,
+        home: bool = False,
+    ):
         self.color = color
         self.secrets = redact_secrets
         self.hosts = hosts
@@ -66,33 +79,40 @@ class Renderer:
 
     def text(self, a: Analysis) -> str:
         v = a.verdict
-        colour = "green" if v.category is Category.HEALTHY else "yellow" if v.category is Category.UNKNOWN else "red"
+        colour = (
+            "green"
+            if v.category is Category.HEALTHY
+            else "yellow"
+            if v.category is Category.UNKNOWN
+            else "red"
+        )
         out = [
             self._style(f"{a.file}", bold=True),
             f"  verdict:  {self._style(v.category.value, fg=colour, bold=True)} — {v.title}",
             f"  {self._r(v.summary)}",
         ]
         o = a.offload
-        req = f"{o.requested_gib:g} GiB requested" if o.requested_gib is not None else "no request seen"
+        req = (
+            f"{o.requested_gib:g} GiB requested"
+            if o.requested_gib is not None
+            else "no request seen"
+        )
         got = f", {o.offloaded_gib:.2f} GiB offloaded" if o.offloaded_gib else ""
         out.append(f"  offload:  {o.status.value} ({req}{got}) — {self._r(o.explanation)}")
         f = a.facts
         bits = [
             f"vLLM {f.vllm_version or '?'}",
             f"runner {f.model_runner}",
-            f"model loading {f.model_loading_gib:g} GiB" if f.model_loading_gib is not None else None,
+            f"model loading {f.model_loading_gib:g} GiB"
+            if f.model_loading_gib is not None
+            else None,
             f"KV cache {f.kv_cache_gib:g} GiB" if f.kv_cache_gib is not None else None,
             f"{f.kv_cache_tokens:,} KV tokens" if f.kv_cache_tokens else None,
             "reached ready" if f.reached_ready else "never ready",
         ]
         out.append("  facts:    " + ", ".join(b for b in bits if b))
         if len(f.ranks) > 1:
-            for rank in f.ranks.values():
-                out.append(
-                    f"    rank {rank.process}: offloader {rank.offloader or '-'}, offloaded "
-                    f"{rank.offloaded_gib if rank.offloaded_gib is not None else '-'} GiB, loading "
-                    f"{rank.model_loading_gib if rank.model_loading_gib is not None else '-'} GiB"
-                )
+            out.extend(_rank_line(rank) for rank in f.ranks.values())
         if a.findings:
             top = a.findings[0]
             out.append("  evidence:")
@@ -100,8 +120,9 @@ class Renderer:
             if v.remedy:
                 out.append(f"  remedy:   {self._r(v.remedy)}")
             out.extend(f"  link:     {link}" for link in v.links)
-            for other in a.findings[1:]:
-                out.append(f"  also:     [{other.rule_id}] {other.title} ({other.category.value})")
+            out.extend(
+                f"  also:     [{o.rule_id}] {o.title} ({o.category.value})" for o in a.findings[1:]
+            )
         elif a.notable:
             out.append("  most relevant lines:")
             out.extend(f"    {e.line:>6}: {self._r(e.text)[:300]}" for e in a.notable)
@@ -141,9 +162,16 @@ class Renderer:
         return "\n".join(out)
 
     # -- batch summary -------------------------------------------------------------------------
-    def triage_table(self, analyses: Sequence[Analysis], errors: Sequence[str], *, markdown: bool) -> str:
+    def triage_table(
+        self, analyses: Sequence[Analysis], errors: Sequence[str], *, markdown: bool
+    ) -> str:
         rows = [
-            (a.file, a.verdict.category.value, a.offload.status.value, self._r(a.verdict.summary)[:100])
+            (
+                a.file,
+                a.verdict.category.value,
+                a.offload.status.value,
+                self._r(a.verdict.summary)[:100],
+            )
             for a in analyses
         ]
         counts = Counter(a.verdict.category.value for a in analyses)
@@ -163,6 +191,16 @@ class Renderer:
         if errors:
             out.append(f"{len(errors)} input(s) could not be read")
         return "\n".join(out)
+
+
+def _rank_line(rank: RankOffload) -> str:
+    def show(value: float | None) -> str:
+        return "-" if value is None else f"{value:g}"
+
+    return (
+        f"    rank {rank.process}: offloader {rank.offloader or '-'}, offloaded "
+        f"{show(rank.offloaded_gib)} GiB, model loading {show(rank.model_loading_gib)} GiB"
+    )
 
 
 def offload_failed(a: Analysis) -> bool:

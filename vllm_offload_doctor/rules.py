@@ -27,7 +27,16 @@ MATCH_TIMEOUT_S = 0.05
 
 _REQUIRED = ("id", "title", "severity", "category", "message", "remedy")
 _OPTIONAL = (
-    "name", "precedence", "keywords", "patterns", "where", "when", "links", "cases", "aliases", "summary",
+    "name",
+    "precedence",
+    "keywords",
+    "patterns",
+    "where",
+    "when",
+    "links",
+    "cases",
+    "aliases",
+    "summary",
 )
 _WHEN_KEYS = ("all", "any", "absent")
 _CASE_KEYS = ("log", "expect", "note")
@@ -37,14 +46,43 @@ _ID = regex.compile(r"^[A-Z]{2,5}\d{3}$")
 # Facts a condition may name: Facts fields plus the derived ones the engine adds.
 CONDITION_FACTS = frozenset(
     {
-        "vllm_version", "model", "cpu_offload_gb", "offload_backend", "offload_group_size",
-        "gpu_memory_utilization", "max_model_len", "tensor_parallel_size", "enforce_eager", "dtype",
-        "platform", "device_cpu", "enable_lora", "quantization", "model_runner", "offloader", "offloaded_gib", "prefetch_saved_gb",
-        "model_loading_gib", "kv_cache_gib", "kv_cache_tokens", "gpu_name", "gpu_total_gib",
-        "gpu_free_gib", "wsl", "pin_memory_disabled", "reached_ready", "shut_down",
+        "vllm_version",
+        "model",
+        "cpu_offload_gb",
+        "offload_backend",
+        "offload_group_size",
+        "gpu_memory_utilization",
+        "max_model_len",
+        "tensor_parallel_size",
+        "enforce_eager",
+        "dtype",
+        "platform",
+        "device_cpu",
+        "enable_lora",
+        "quantization",
+        "model_runner",
+        "offloader",
+        "offloaded_gib",
+        "prefetch_saved_gb",
+        "model_loading_gib",
+        "kv_cache_gib",
+        "kv_cache_tokens",
+        "gpu_name",
+        "gpu_total_gib",
+        "gpu_free_gib",
+        "wsl",
+        "pin_memory_disabled",
+        "reached_ready",
+        "shut_down",
         # derived
-        "phase", "error_phase", "offload_requested", "progressed", "gpu_free_fraction",
-        "fatal_after_ready", "copy_offload", "serving_setup",
+        "phase",
+        "error_phase",
+        "offload_requested",
+        "progressed",
+        "gpu_free_fraction",
+        "fatal_after_ready",
+        "copy_offload",
+        "serving_setup",
     }
 )
 
@@ -218,7 +256,10 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
     for key in when:
         if key not in _WHEN_KEYS:
             raise _fail(path, f"when.{key}", "unknown key")
-    conds = {k: tuple(_condition(path, f"when.{k}", c) for c in _strings(path, when, k)) for k in _WHEN_KEYS}
+    conds = {
+        k: tuple(_condition(path, f"when.{k}", c) for c in _strings(path, when, k))
+        for k in _WHEN_KEYS
+    }
     if not patterns and not conds["all"] and not conds["any"]:
         raise _fail(path, "patterns", "a rule needs patterns or when.all/when.any conditions")
     links = _strings(path, data, "links")
