@@ -341,7 +341,10 @@ class FactCollector:
             f.gpu_name = (m.group("a") or m.group("b") or m.group("c") or "").strip() or None
 
     def _rank(self, line: Line) -> RankOffload:
+        # Names like Worker_TP1 or "VllmWorker rank=3" identify a rank; Ray/V0 workers need the pid.
         key = line.proc or "main"
+        if line.pid is not None and not any(ch.isdigit() for ch in key) and key != "EngineCore":
+            key = f"{key} pid={line.pid}"
         rank = self.facts.ranks.get(key)
         if rank is None:
             if len(self.facts.ranks) >= 64:
