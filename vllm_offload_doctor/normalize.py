@@ -27,6 +27,7 @@ _OUTER = re.compile(
       | [A-Z][a-z]{2}\ [\ \d]\d\ \d\d:\d\d:\d\d\ \S+\ [\w./@-]+(?:\[\d+\])?:\s      # journald/syslog
       | [\w][\w.-]*\s+\|\ ?                                                        # docker compose
       | \[pod/[^\]]+\]\s+                                                          # kubectl --prefix
+      | (?:stdout|stderr)\ [FP]\                                                   # CRI (containerd) file
       | >\ ?                                                                       # quoted paste
       | \d+\.\d+\s+                                                                # seconds offset
     )""",
