@@ -68,6 +68,10 @@ def open_source(source: Source) -> BinaryIO:
             raise InputError(f"{source.name}: cannot open ({exc.strerror})") from exc
     head = _peek(raw, 2)
     if head == GZIP_MAGIC:
+        if source.path is not None:
+            # GzipFile(fileobj=...) never closes the file it was given: let gzip own it.
+            raw.close()
+            return gzip.open(source.path, "rb")  # type: ignore[return-value]
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     return raw
 
