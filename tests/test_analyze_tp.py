@@ -57,3 +57,18 @@ def test_ray_workers_are_told_apart_by_pid() -> None:
     a = analyze_lines(lines)
     assert set(a.facts.ranks) == {"RayWorkerWrapper pid=31", "RayWorkerWrapper pid=32"}
     assert a.offload.status is OffloadStatus.EFFECTIVE
+
+
+def test_records_before_a_worker_is_named_join_its_rank() -> None:
+    # Real vLLM 0.25.1 TP=2: the offloader line comes from "(Worker pid=N)" before it becomes Worker_TP0.
+    lines = [
+        *HEAD,
+        "(Worker pid=20) INFO 11-29 16:30:02 [base.py:123] Offloader set to UVAOffloader",
+        *_rank("Worker_TP0 pid=20", 0.41, 0.16),
+        "(Worker_TP1 pid=21) INFO 11-29 16:30:03 [uva.py:58] Total CPU offloaded parameters: 0.41",
+    ]
+    a = analyze_lines(lines)
+    assert set(a.facts.ranks) == {"Worker_TP0", "Worker_TP1"}
+    assert a.facts.ranks["Worker_TP0"].offloader == "UVAOffloader"
+    assert not a.offload.ranks_disagree
+    assert a.offload.status is OffloadStatus.EFFECTIVE

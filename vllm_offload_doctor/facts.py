@@ -349,12 +349,29 @@ class FactCollector:
         if rank is None:
             if len(self.facts.ranks) >= 64:
                 return RankOffload(key)
-            rank = self.facts.ranks[key] = RankOffload(key)
+            rank = self.facts.ranks[key] = RankOffload(key, line.pid)
         return rank
+
+    def _merge_ranks(self) -> None:
+        """Records logged before a worker is named (`Worker pid=N`) belong to the rank with that pid."""
+        ranks = self.facts.ranks
+        named = {r.pid: r for k, r in ranks.items() if " pid=" not in k and r.pid is not None}
+        for key in [k for k in ranks if " pid=" in k]:
+            early = ranks[key]
+            target = named.get(early.pid)
+            if target is None:
+                continue
+            target.offloader = target.offloader or early.offloader
+            if early.offloaded_gib is not None:
+                target.offloaded_gib = max(target.offloaded_gib or 0.0, early.offloaded_gib)
+            if target.model_loading_gib is None:
+                target.model_loading_gib = early.model_loading_gib
+            del ranks[key]
 
     def finish(self) -> Facts:
         """Resolve the args from all sources into typed facts."""
         f = self.facts
+        self._merge_ranks()
         args = {**self.cli_args, **f.args}
         f.cpu_offload_gb = _float(args.get("cpu_offload_gb"))
         f.offload_backend = _str(args.get("offload_backend"))

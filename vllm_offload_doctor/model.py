@@ -70,6 +70,7 @@ class RankOffload:
     """What one process (rank) logged about offloading."""
 
     process: str
+    pid: int | None = None
     offloader: str | None = None
     offloaded_gib: float | None = None
     model_loading_gib: float | None = None
