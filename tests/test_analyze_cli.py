@@ -268,11 +268,6 @@ def test_secrets_never_in_text_output(
         assert secret not in out + err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render._scrub skips tuples (Evidence lists) and values of secret-named keys "
-    "(facts.args['api_key']): json/jsonl leak the raw evidence lines",
-)
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 @pytest.mark.parametrize("flag", [(), ("--redact",)])
 def test_secrets_never_in_json_output(
@@ -296,7 +291,6 @@ def test_redact_hides_host_and_home_user(
     assert "/home/<user>" in out
 
 
-@pytest.mark.xfail(strict=True, reason="json/jsonl evidence is not scrubbed (see above)")
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 def test_redact_hides_host_and_home_user_in_json(
     secret_log: Path, capsys: pytest.CaptureFixture[str], fmt: str

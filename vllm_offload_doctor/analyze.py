@@ -158,22 +158,26 @@ class Engine:
         return state.finish(name, lines_read=line_base, error=error)
 
     def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
-        last_start = -1
+        # One search per interesting line: after a hit, resume at the next line (linear time).
+        search = self._prefilter.search
+        pos = 0
         counted_to = 0
         line_no = line_base
-        for m in self._prefilter.finditer(block):
-            start = block.rfind(b"\n", 0, m.start()) + 1
-            if start == last_start:
-                continue
-            last_start = start
+        size = len(block)
+        while pos < size:
+            m = search(block, pos)
+            if m is None:
+                break
+            start = block.rfind(b"\n", pos, m.start()) + 1 or pos
             end = block.find(b"\n", m.end())
             if end < 0:
-                end = len(block)
+                end = size
             line_no += block.count(b"\n", counted_to, start)
             counted_to = start
             raw = block[start:end].decode("utf-8", "replace")
             for part in split_long(raw):
                 state.feed(parse(line_no + 1, part))
+            pos = end + 1
 
 
 class _State:

@@ -358,7 +358,7 @@ class FactCollector:
         named = {r.pid: r for k, r in ranks.items() if " pid=" not in k and r.pid is not None}
         for key in [k for k in ranks if " pid=" in k]:
             early = ranks[key]
-            target = named.get(early.pid)
+            target = named.get(early.pid) if early.pid is not None else None
             if target is None:
                 continue
             target.offloader = target.offloader or early.offloader

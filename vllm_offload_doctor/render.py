@@ -15,7 +15,7 @@ from vllm_offload_doctor.model import (
     OffloadStatus,
     RankOffload,
 )
-from vllm_offload_doctor.redact import redact
+from vllm_offload_doctor.redact import is_secret_name, redact
 
 
 class OutputFormat(StrEnum):
@@ -25,12 +25,15 @@ class OutputFormat(StrEnum):
     MARKDOWN = "markdown"
 
 
-def _scrub(value: Any, *, hosts: bool, home: bool) -> Any:
+def _scrub(value: Any, *, hosts: bool, home: bool, key: str = "") -> Any:
+    """Mask secrets everywhere in a record: string values, and whole values under secret-named keys."""
+    if key and is_secret_name(key) and value not in (None, "", False):
+        return "***"
     if isinstance(value, str):
         return redact(value, hosts=hosts, home=home)
     if isinstance(value, dict):
-        return {k: _scrub(v, hosts=hosts, home=home) for k, v in value.items()}
-    if isinstance(value, list):
+        return {k: _scrub(v, hosts=hosts, home=home, key=str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
         return [_scrub(v, hosts=hosts, home=home) for v in value]
     return value
 
