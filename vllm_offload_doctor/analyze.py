@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,6 @@ _FATAL_HINT = re.compile(
     r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
 )
 MAX_EVIDENCE = 5
-MAX_FRAMES = 5000
 GIB_TOLERANCE = 0.05
 
 OFFLOAD_LINKS = (
@@ -185,9 +184,9 @@ class _State:
 
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = rules
+        self.matching = [r for r in rules if r.patterns]
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
-        self.frames: deque[tuple[int, str]] = deque(maxlen=MAX_FRAMES)
         self.notable_first: list[Evidence] = []
         self.notable_last: deque[Evidence] = deque(maxlen=6)
         self.ready_line: int | None = None
@@ -199,10 +198,6 @@ class _State:
         self.last_no = line.no
         self.collector.feed(line)
         msg = line.msg
-        if msg.startswith("File "):
-            frames = self.collector.frames
-            if frames and frames[-1][0] == line.no:
-                self.frames.append(frames[-1])
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
         is_exception = bool(_EXCEPTION.match(msg)) or bool(_FATAL_HINT.search(msg))
@@ -218,9 +213,7 @@ class _State:
                 self.notable_first.append(ev)
             else:
                 self.notable_last.append(ev)
-        for rule in self.rules:
-            if not rule.patterns:
-                continue
+        for rule in self.matching:
             text = line.text if rule.where == "line" else msg
             if not any(k in text for k in rule.keywords):
                 continue
@@ -301,10 +294,11 @@ class _State:
         anchor = line or self.first_fatal_line
         if anchor is None:
             return None
-        before = [fn for no, fn in self.frames if anchor - 250 <= no <= anchor]
+        frames = self.collector.frames
+        before = [fn for no, fn in frames if anchor - 250 <= no <= anchor]
         phase = phase_of_frames(before)
         if phase is None:
-            after = [fn for no, fn in self.frames if anchor < no <= anchor + 250]
+            after = [fn for no, fn in frames if anchor < no <= anchor + 250]
             phase = phase_of_frames(after)
         if phase is None:
             for text in reversed(context):
@@ -521,13 +515,3 @@ def analyze_file(path: Path, display_name: str | None = None) -> Analysis:
 def analyze_lines(lines: Iterable[str], name: str = "<lines>") -> Analysis:
     """Analyse log lines already in memory with the built-in rules."""
     return default_engine().analyze_lines(lines, name)
-
-
-def iter_analyses(
-    engine: Engine, sources: Iterable[logread.Source]
-) -> Iterator[Analysis | InputError]:
-    for source in sources:
-        try:
-            yield engine.analyze_source(source)
-        except InputError as exc:
-            yield exc

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import time
@@ -221,10 +220,8 @@ def atomic_write(path: Path, text: str) -> None:
 
 def analyze_log(path: Path) -> tuple[Any, str | None]:
     """Run the `analyze` engine on a mode's log; never raises."""
-    try:
-        from vllm_offload_doctor.analyze import analyze_file
-    except ImportError as exc:
-        return None, f"log analysis engine unavailable: {exc}"
+    from vllm_offload_doctor.analyze import analyze_file
+
     try:
         return analyze_file(path, display_name=path.name), None
     except Exception as exc:
@@ -450,8 +447,8 @@ class CompareRun:
                 mode["log_facts"], mode["analysis"] = analysis_dicts(analysis)
             else:
                 mode["analysis_error"] = err
-            if mode["status"] != "ok":
-                mode["last_error_line"] = last_error_line(log_path)
+            if mode["status"] != "ok" and analysis is not None and analysis.notable:
+                mode["last_error_line"] = redact(analysis.notable[-1].text)[:400]
             if prog:
                 prog.line(f"stopped in {stop.stop_s:.1f} s ({', '.join(stop.signals) or 'exited'})")
             self.write()
@@ -525,21 +522,6 @@ class CompareRun:
                 for c in comparisons
             )
         self.report["verdict"] = verdict
-
-
-_ERROR_LINE = re.compile(r"\b\w*(?:Error|Exception)\b: |failed to start|initialization failed")
-
-
-def last_error_line(path: Path) -> str | None:
-    """The last line of a log that looks like an error (a hint when analysis has none)."""
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if _ERROR_LINE.search(line) and "WARNING" not in line:
-            return redact(line.strip())[:400]
-    return None
 
 
 def _proc_list(pids: list[int]) -> list[dict[str, Any]]:

@@ -153,6 +153,7 @@ CODE_HINTS = (
     (re.compile(r"cuda\.graph|capture"), "graphs"),
     (re.compile(r"kv_cache"), "kv_cache"),
 )
+MAX_FRAMES = 5000
 PHASES = ("start", "loading", "loaded", "profiling", "kv_cache", "graphs", "ready", "runtime")
 
 
@@ -177,7 +178,7 @@ class FactCollector:
     def __init__(self) -> None:
         self.facts = Facts()
         self.phase = "start"
-        self.frames: deque[tuple[int, str]] = deque(maxlen=400)
+        self.frames: deque[tuple[int, str]] = deque(maxlen=MAX_FRAMES)
         self.served_requests = 0
         self.cli_args: dict[str, Any] = {}
         self.serving_setup = False
@@ -218,11 +219,12 @@ class FactCollector:
 
     def _identity(self, line: Line) -> None:
         msg, f = line.msg, self.facts
-        if (f.vllm_version is None and "ersion" in msg) or "LLM engine" in msg or "vllm" in msg:
+        if f.vllm_version is None and ("ersion" in msg or "LLM engine" in msg or "vllm" in msg):
             for rx in _VERSION:
                 m = rx.search(msg)
-                if m and f.vllm_version is None:
+                if m:
                     f.vllm_version = m.group("v").lstrip("v")
+                    break
         if f.model is None:
             for rx in _MODEL:
                 m = rx.search(msg)

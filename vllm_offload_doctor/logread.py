@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import sys
 import zlib
 from collections.abc import Iterator
@@ -172,12 +171,3 @@ def looks_binary(sample: bytes) -> bool:
     window = sample[:8192]
     text_bytes = sum(1 for b in window if b in b"\t\n\r\f\x1b" or 32 <= b < 127 or b >= 128)
     return text_bytes / len(window) < 0.85
-
-
-def file_size(source: Source) -> int | None:
-    if source.path is None:
-        return None
-    try:
-        return os.stat(source.path).st_size
-    except OSError:
-        return None

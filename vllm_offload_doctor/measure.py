@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllm_offload_doctor.pcie import pcie_bandwidth_gbs
+from vllm_offload_doctor.probes import used_memory
 
 MIB = 1024 * 1024
 
@@ -78,11 +79,11 @@ def gpu_snapshot(pids: list[int]) -> dict[str, Any]:
             for p in procs:
                 seen_any_process = True
                 if p.pid in tree:
-                    used = getattr(p, "usedGpuMemory", None)
+                    used = used_memory(p)
                     mine.append({
                         "pid": p.pid,
                         "name": names.get(p.pid),
-                        "used_mib": round(used / MIB) if isinstance(used, int) else None,
+                        "used_mib": round(used / MIB) if used is not None else None,
                     })
             dev["tree_processes"] = mine
             known = [m["used_mib"] for m in mine if m["used_mib"] is not None]

@@ -337,7 +337,7 @@ def _read_gpu(nvml: Any, index: int, handle: Any) -> GpuInfo:
         memory_free=int(mem.free) if mem else None,
         mig_enabled=bool(mig[0]) if mig else None,
         processes=tuple(
-            GpuProcess(int(p.pid), process_name(int(p.pid)), _used_memory(p)) for p in procs
+            GpuProcess(int(p.pid), process_name(int(p.pid)), used_memory(p)) for p in procs
         ),
         pcie_gen=_optional(nvml, nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
         pcie_width=_optional(nvml, nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
@@ -354,7 +354,7 @@ def _optional(nvml: Any, fn: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
-def _used_memory(proc: Any) -> int | None:
+def used_memory(proc: Any) -> int | None:
     used = getattr(proc, "usedGpuMemory", None)
     # NVML reports "not available" (e.g. under WDDM or without permission) as None or 2**64-1.
     return int(used) if isinstance(used, int) and 0 <= used < 1 << 63 else None

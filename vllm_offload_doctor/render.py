@@ -12,7 +12,6 @@ from vllm_offload_doctor.model import (
     SCHEMA_VERSION,
     Analysis,
     Category,
-    OffloadStatus,
     RankOffload,
 )
 from vllm_offload_doctor.redact import is_secret_name, redact
@@ -204,7 +203,3 @@ def _rank_line(rank: RankOffload) -> str:
         f"    rank {rank.process}: offloader {rank.offloader or '-'}, offloaded "
         f"{show(rank.offloaded_gib)} GiB, model loading {show(rank.model_loading_gib)} GiB"
     )
-
-
-def offload_failed(a: Analysis) -> bool:
-    return a.offload.status in (OffloadStatus.IGNORED, OffloadStatus.ERROR)
