@@ -28,6 +28,9 @@ from vllm_offload_doctor.model import (
 from vllm_offload_doctor.normalize import Line, parse, split_long
 from vllm_offload_doctor.rules import Rule, load_rules, render_message
 
+# Needed only until the first served request is seen: access lines are the bulk of a serving log.
+UNTIL_SERVED = ("/completions HTTP/1.",)
+
 # Words that every line a fact pattern needs contains; rules add their own keywords.
 FACT_KEYWORDS = (
     "version",
@@ -45,7 +48,9 @@ FACT_KEYWORDS = (
     "Total CPU offloaded",
     "Model loading took",
     "Loading model weights took",
-    "KV cache",
+    # Not bare "KV cache": every serving stats line says "GPU KV cache usage".
+    "KV cache memory",
+    "KV cache size",
     "KV Cache",
     "GPU blocks",
     "platform",
@@ -113,7 +118,8 @@ class Engine:
         words = sorted(
             {*FACT_KEYWORDS, *(k for r in self.rules for k in r.keywords)}, key=len, reverse=True
         )
-        self._prefilter = re.compile(b"|".join(re.escape(w.encode()) for w in words))
+        self._prefilter = _literal_matcher(words)
+        self._prefilter_served = _literal_matcher([w for w in words if w not in UNTIL_SERVED])
 
     # -- inputs ---------------------------------------------------------------------------
     def analyze_source(self, source: logread.Source) -> Analysis:
@@ -158,7 +164,8 @@ class Engine:
 
     def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        search = self._prefilter.search
+        served = self._prefilter_served if state.collector.served_requests else self._prefilter
+        search = served.search
         pos = 0
         counted_to = 0
         line_no = line_base
@@ -177,6 +184,21 @@ class Engine:
             for part in split_long(raw):
                 state.feed(parse(line_no + 1, part))
             pos = end + 1
+
+
+def _literal_matcher(words: Sequence[str]) -> Any:
+    """One pattern that finds any of the literal words in bytes.
+
+    RE2 scans an alternation of ~150 literals with a DFA at a few hundred MB/s; Python's `re`
+    tries every alternative at every position (a few MB/s), so it is only the fallback.
+    """
+    pattern = b"|".join(re.escape(w.encode()) for w in words)
+    try:
+        import re2
+
+        return re2.compile(pattern)
+    except Exception:  # not installed on this platform, or a pattern RE2 refuses
+        return re.compile(pattern)
 
 
 class _State:
