@@ -102,6 +102,8 @@ class Facts:
     model_loading_gib: float | None = None
     kv_cache_gib: float | None = None
     kv_cache_tokens: int | None = None
+    gpu_blocks: int | None = None  # '# GPU blocks: N' (V0)
+    block_size: int | None = None
     gpu_name: str | None = None
     gpu_total_gib: float | None = None
     gpu_free_gib: float | None = None

@@ -67,6 +67,8 @@ CONDITION_FACTS = frozenset(
         "model_loading_gib",
         "kv_cache_gib",
         "kv_cache_tokens",
+        "gpu_blocks",
+        "block_size",
         "gpu_name",
         "gpu_total_gib",
         "gpu_free_gib",
@@ -83,6 +85,9 @@ CONDITION_FACTS = frozenset(
         "fatal_after_ready",
         "copy_offload",
         "serving_setup",
+        "kv_tokens",
+        "kv_short",
+        "kv_numbers",
     }
 )
 
