@@ -11,9 +11,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor import logread
+from vllm_offload_doctor import logread, verdict
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
+from vllm_offload_doctor.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.model import (
     Analysis,
     Category,
@@ -26,77 +27,19 @@ from vllm_offload_doctor.model import (
     Verdict,
 )
 from vllm_offload_doctor.normalize import Line, parse, split_long
+from vllm_offload_doctor.patterns import declare, declare_words, prefilter_words
 from vllm_offload_doctor.rules import Rule, load_rules, render_message
 
-# Needed only until the first served request is seen: access lines are the bulk of a serving log.
-UNTIL_SERVED = ("/completions HTTP/1.",)
-
-# Words that every line a fact pattern needs contains; rules add their own keywords.
-FACT_KEYWORDS = (
-    "version",
-    "non-default args",
-    "args: Namespace",
-    "LLM engine",
-    "vllm serve",
-    "api_server",
-    "LLM(",
-    "Model Runner",
-    "Model runner",
-    "Loading model from scratch",
-    "Starting to load model",
-    "Offloader",
-    "Total CPU offloaded",
-    "Model loading took",
-    "Loading model weights took",
-    # Not bare "KV cache": every serving stats line says "GPU KV cache usage".
-    "KV cache memory",
-    "KV cache size",
-    "KV Cache",
-    "GPU blocks",
-    "platform",
-    "GiB",
-    "WSL",
-    "startup complete",
-    "Uvicorn running",
-    "shutdown complete",
-    "Shutting down",
-    "Finished server process",
-    "/completions HTTP/1.",
-    'File "',
-    "Traceback",
-    "Error",
-    "ERROR",
-    "error",
-    "Exception",
-    "WARNING",
-    "CRITICAL",
-    "Killed",
-    "Memory profiling",
-    "memory profiling",
-    "Capturing",
-    "Graph capturing",
-    "Loading weights",
-    "Loading safetensors",
-    "compute capability",
-    "Route: /v1/",
-    "Available routes",
-    "Started server process",
-    "Waiting for application",
-    "init engine",
-    "Starting vLLM",
-    "standard CPU offloading",
+_EXCEPTION = declare(
+    r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
+    *("Error", "Exception", "Interrupt", "Exit"),
 )
-_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?")
-_FATAL_HINT = re.compile(
-    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
+_FATAL_HINT = declare(
+    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start",
+    *("failed to start", "Engine core initialization failed"),
 )
+declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 MAX_EVIDENCE = 5
-GIB_TOLERANCE = 0.05
-
-OFFLOAD_LINKS = (
-    "https://github.com/vllm-project/vllm/issues/51396",
-    "https://github.com/vllm-project/vllm/pull/51413",
-)
 
 
 @dataclass(slots=True)
@@ -114,12 +57,18 @@ class Engine:
     def __init__(
         self, rules: Sequence[Rule] | None = None, extra_rule_dirs: Iterable[Path] = ()
     ) -> None:
-        self.rules = list(rules) if rules is not None else load_rules(extra_rule_dirs)
-        words = sorted(
-            {*FACT_KEYWORDS, *(k for r in self.rules for k in r.keywords)}, key=len, reverse=True
-        )
-        self._prefilter = _literal_matcher(words)
-        self._prefilter_served = _literal_matcher([w for w in words if w not in UNTIL_SERVED])
+        self.knowledge = builtin_knowledge()
+        base = list(rules) if rules is not None else load_rules(extra_rule_dirs)
+        self.rules = lend_exceptions(base, self.knowledge)
+        self._prefilter = _literal_matcher(self.prefilter_words())
+        self._prefilter_served = _literal_matcher(self.prefilter_words(served=True))
+
+    def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
+        """(word, ignore case): the declared fact words, the knowledge's and the rules' keywords."""
+        words = dict(prefilter_words(served=served))
+        for word in (*self.knowledge.keywords, *(k for r in self.rules for k in r.keywords)):
+            words.setdefault(word, False)
+        return sorted(words.items(), key=lambda wi: (-len(wi[0]), wi))
 
     # -- inputs ---------------------------------------------------------------------------
     def analyze_source(self, source: logread.Source) -> Analysis:
@@ -137,14 +86,14 @@ class Engine:
         return self.analyze_source(logread.Source(name, path))
 
     def analyze_lines(self, lines: Iterable[str], name: str = "<lines>") -> Analysis:
-        state = _State(self.rules)
+        state = _State(self.rules, self.knowledge)
         for no, raw in enumerate(lines, start=1):
             for part in split_long(raw.rstrip("\n")):
                 state.feed(parse(no, part))
         return state.finish(name, lines_read=state.last_no)
 
     def _analyze_stream(self, stream: Any, name: str) -> Analysis:
-        state = _State(self.rules)
+        state = _State(self.rules, self.knowledge)
         error: str | None = None
         line_base = 0
         first = True
@@ -186,13 +135,16 @@ class Engine:
             pos = end + 1
 
 
-def _literal_matcher(words: Sequence[str]) -> Any:
-    """One pattern that finds any of the literal words in bytes.
+def _literal_matcher(words: Sequence[tuple[str, bool]]) -> Any:
+    """One pattern that finds any of the literal words (word, ignore case) in bytes.
 
     RE2 scans an alternation of ~150 literals with a DFA at a few hundred MB/s; Python's `re`
     tries every alternative at every position (a few MB/s), so it is only the fallback.
     """
-    pattern = b"|".join(re.escape(w.encode()) for w in words)
+    pattern = b"|".join(
+        b"(?i:" + re.escape(w.encode()) + b")" if icase else re.escape(w.encode())
+        for w, icase in words
+    )
     try:
         import re2
 
@@ -204,8 +156,10 @@ def _literal_matcher(words: Sequence[str]) -> Any:
 class _State:
     """Everything kept while one input streams past: bounded whatever its size."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[Rule], knowledge: Knowledge) -> None:
         self.rules = rules
+        self.knowledge = knowledge
+        self.clues = verdict.Clues()
         self.matching = [r for r in rules if r.patterns]
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
@@ -222,6 +176,7 @@ class _State:
         msg = line.msg
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
+        wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
         is_exception = bool(_EXCEPTION.match(msg)) or bool(_FATAL_HINT.search(msg))
         if is_exception and self.first_fatal_line is None:
             self.first_fatal_line = line.no
@@ -236,6 +191,8 @@ class _State:
             else:
                 self.notable_last.append(ev)
         for rule in self.matching:
+            if wrapper and rule.category is Category.CRASH_OTHER:
+                continue  # a wrapper announces a failure; its cause is elsewhere
             text = line.text if rule.where == "line" else msg
             if not any(k in text for k in rule.keywords):
                 continue
@@ -292,22 +249,35 @@ class _State:
                     links=rule.links,
                     evidence=tuple(hit.evidence)
                     if hit
-                    else _fact_evidence(facts, self.collector.args_evidence),
+                    else _fact_evidence(facts, self.collector, rule),
                     precedence=rule.precedence,
                 )
             )
         findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
+        crash = next((f for f in findings if f.category is Category.CRASH_OTHER), None)
+        frame = verdict.frame_finding(
+            self.clues, self.rules, base, crash.evidence[0] if crash and crash.evidence else None
+        )
+        if frame is not None and (not findings or findings[0].precedence < frame.precedence):
+            findings.insert(0, frame)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
-        verdict = _verdict(facts, findings, offload, serving_setup=self.collector.serving_setup)
-        notable = () if findings else (*self.notable_first, *self.notable_last)
+        notable: tuple[Evidence, ...] = ()
+        if not findings:
+            notable = (*self.clues.deaths, *self.notable_first, *self.notable_last)
+            notable = tuple({e.line: e for e in notable}.values())
+        final = _verdict(
+            facts, findings, offload, serving_setup=self.collector.serving_setup, notable=notable
+        )
+        if not findings:
+            final = verdict.death_verdict(self.clues, facts) or final
         return Analysis(
             file=name,
-            verdict=verdict,
+            verdict=final,
             offload=offload,
             facts=facts,
             findings=tuple(findings),
             lines_read=lines_read,
-            notable=tuple(notable),
+            notable=notable,
             error=error,
         )
 
@@ -317,16 +287,20 @@ class _State:
         if anchor is None:
             return None
         frames = self.collector.frames
-        before = [fn for no, fn in frames if anchor - 250 <= no <= anchor]
+        before = [fn for no, fn, _ in frames if anchor - 250 <= no <= anchor]
         phase = phase_of_frames(before)
         if phase is None:
-            after = [fn for no, fn in frames if anchor < no <= anchor + 250]
+            after = [fn for no, fn, _ in frames if anchor < no <= anchor + 250]
             phase = phase_of_frames(after)
+        if phase is None:
+            phase = phase_of_frames([m for no, m in self.clues.methods if abs(no - anchor) <= 50])
         if phase is None:
             for text in reversed(context):
                 for rx, hint in CODE_HINTS:
                     if rx.search(text):
                         return hint
+        if phase is None and self.collector.phase == "start":
+            return "unknown"  # nothing in the log places the failure
         return phase or self.collector.phase
 
 
@@ -364,11 +338,40 @@ def _derived(facts: Facts, phase: str) -> dict[str, Any]:
         values["gpu_free_fraction"] = facts.gpu_free_gib / facts.gpu_total_gib
     else:
         values["gpu_free_fraction"] = None
+    values.update(_kv_numbers(facts))
+    # No version line: V2's loading line without "memory" dates the run to 0.12-0.27.1.
+    values["undated_v2_unfixed"] = facts.vllm_version is None and facts.loading_says_memory is False
     return values
 
 
-def _fact_evidence(facts: Facts, args_line: tuple[int, str] | None) -> tuple[Evidence, ...]:
-    """Evidence for a rule that rests on facts: the args line and the runner line."""
+def _kv_numbers(facts: Facts) -> dict[str, Any]:
+    """Whether the logged KV numbers leave room for one request of max_model_len, and why not."""
+    block = facts.block_size or 16  # vLLM's default block size on GPUs
+    tokens = facts.kv_cache_tokens
+    if tokens is None and facts.gpu_blocks is not None:
+        tokens = facts.gpu_blocks * block
+    why = []
+    if facts.kv_cache_gib is not None and facts.kv_cache_gib < 0:
+        why.append(f"the KV cache budget is negative ({facts.kv_cache_gib:g} GiB)")
+    if facts.gpu_blocks == 0:
+        why.append("'# GPU blocks: 0'")
+    elif tokens is not None and facts.max_model_len and tokens < facts.max_model_len:
+        held = (
+            f"{facts.gpu_blocks} blocks x {block} tokens = {tokens}"
+            if facts.kv_cache_tokens is None
+            else f"{tokens} tokens"
+        )
+        why.append(f"the KV cache holds {held}, below max_model_len {facts.max_model_len}")
+    return {"kv_tokens": tokens, "kv_short": bool(why), "kv_numbers": "; ".join(why) or None}
+
+
+def _fact_evidence(facts: Facts, collector: FactCollector, rule: Rule) -> tuple[Evidence, ...]:
+    """Evidence for a rule that rests on facts: the lines of its numbers, the args and runner lines."""
+    named = " ".join(c.fact for c in (*rule.all, *rule.any))
+    numbers = [Evidence(*v) for k, v in collector.number_lines.items() if k.startswith("kv_") or k == "gpu_blocks"]
+    if "kv_" in named:
+        return tuple(sorted(numbers, key=lambda e: e.line))
+    args_line = collector.args_evidence
     out = [Evidence(*args_line)] if args_line else []
     if facts.model_runner_evidence:
         no, _, text = facts.model_runner_evidence.partition(": ")
@@ -490,7 +493,12 @@ def _rank_statuses(facts: Facts) -> list[str]:
 
 
 def _verdict(
-    facts: Facts, findings: list[Finding], offload: Offload, *, serving_setup: bool = False
+    facts: Facts,
+    findings: list[Finding],
+    offload: Offload,
+    *,
+    serving_setup: bool = False,
+    notable: Sequence[Evidence] = (),
 ) -> Verdict:
     if findings:
         top = findings[0]
@@ -507,12 +515,18 @@ def _verdict(
         if offload.status is OffloadStatus.EFFECTIVE:
             summary += f"; offloading took effect ({offload.offloaded_gib:.2f} GiB)"
         return Verdict(Category.HEALTHY, None, "Server healthy", summary, Severity.INFO)
+    summary = (
+        "no failure that a rule explains, and the log does not show the server becoming ready; "
+        "the error lines below are all it shows (the cause may be cut off)"
+        if notable
+        else "the log shows no failure and does not show the server becoming ready: it may be cut "
+        "off before the cause, or before start-up finished"
+    )
     return Verdict(
         Category.UNKNOWN,
         None,
         "No known cause found",
-        "no rule matched and the log does not show the server becoming ready; the most relevant lines "
-        "are listed",
+        summary,
         Severity.INFO,
         "Attach the whole log (from the `vllm serve` command line to the end) and the output of "
         "`offload-doctor check`.",
