@@ -38,6 +38,7 @@ _FATAL_HINT = declare(
     r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start",
     *("failed to start", "Engine core initialization failed"),
 )
+_LOADING_NUMBER = re.compile(r"Model loading took -?\d+(?:\.(\d*))? GiB")
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 MAX_EVIDENCE = 5
 
@@ -169,11 +170,21 @@ class _State:
         self.first_fatal_line: int | None = None
         self.last_no = 0
         self.recent: deque[str] = deque(maxlen=12)
+        # Dating an undated V2 run: 'Using V2 Model Runner' exists from 0.16; a loading line with
+        # four decimals is the %.4f of V1 <=0.11 (or V2 0.12-0.13), two or fewer is format_gib (0.14+).
+        self.v2_banner = False
+        self.loading_4dp: bool | None = None
 
     def feed(self, line: Line) -> None:
         self.last_no = line.no
         self.collector.feed(line)
         msg = line.msg
+        if msg.startswith("Using V2 Model Runner"):
+            self.v2_banner = True
+        elif msg.startswith("Model loading took "):
+            m = _LOADING_NUMBER.match(msg)
+            if m:
+                self.loading_4dp = len(m.group(1) or "") == 4
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
         wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
@@ -222,6 +233,11 @@ class _State:
         base = _derived(facts, self.collector.phase)
         base["copy_offload"] = self.collector.copy_offload
         base["serving_setup"] = self.collector.serving_setup
+        # No version line: V2's loading line without "memory" dates the run to 0.12-0.27.1 only when
+        # it cannot be V1's line of <=0.11 (same words): the V2 banner, or format_gib's number.
+        base["undated_v2_unfixed"] = bool(
+            base["undated_v2_unfixed"] and (self.v2_banner or self.loading_4dp is False)
+        )
         findings: list[Finding] = []
         for rule in self.rules:
             hit = self.hits.get(rule.id)

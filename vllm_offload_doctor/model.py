@@ -96,6 +96,9 @@ class Facts:
     quantization: str | None = None
     model_runner: str = "unknown"  # v1 | v2 | unknown
     model_runner_evidence: str | None = None
+    # 'Model loading took X GiB memory and': V1 from 0.12, V2 from 0.28; without "memory": V2
+    # 0.12-0.27.1 (or V1 up to 0.11).
+    loading_says_memory: bool | None = None
     offloader: str | None = None
     offloaded_gib: float | None = None  # largest per rank
     prefetch_saved_gb: float | None = None

@@ -19,7 +19,6 @@ from vllm_offload_doctor.model import Category, Evidence, Facts, Finding, Severi
 from vllm_offload_doctor.normalize import Line
 from vllm_offload_doctor.rules import Rule, render_message
 
-
 _METHOD = re.compile(r"while processing method (\w+)")
 
 
@@ -53,9 +52,12 @@ class Clues:
             m = _METHOD.search(msg)
             if m:
                 self.methods.append((line.no, m.group(1)))
-        if any(k in msg for k in know.death_keywords) and know.deaths.search(msg):
-            if len(self.deaths) < 3:
-                self.deaths.append(Evidence(line.no, line.text[:400]))
+        if (
+            len(self.deaths) < 3
+            and any(k in msg for k in know.death_keywords)
+            and know.deaths.search(msg)
+        ):
+            self.deaths.append(Evidence(line.no, line.text[:400]))
         if any(k in msg for k in know.wrapper_keywords) and know.wrappers.search(msg):
             self.wrappers.append(Evidence(line.no, line.text[:400]))
             return True
