@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor import logread, verdict
+from vllm_offload_doctor import logread, reports, verdict
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.knowledge import Knowledge, builtin_knowledge, lend_exceptions
@@ -170,6 +170,7 @@ class _State:
         self.first_fatal_line: int | None = None
         self.last_no = 0
         self.recent: deque[str] = deque(maxlen=12)
+        self.reports = reports.Reports()
         # Dating an undated V2 run: 'Using V2 Model Runner' exists from 0.16; a loading line with
         # four decimals is the %.4f of V1 <=0.11 (or V2 0.12-0.13), two or fewer is format_gib (0.14+).
         self.v2_banner = False
@@ -177,6 +178,11 @@ class _State:
 
     def feed(self, line: Line) -> None:
         self.last_no = line.no
+        report = self.reports.feed(line)
+        if report is not None:
+            if report == "shell prompt":
+                self.collector.feed(line)  # the command line still gives the arguments
+            return  # a pasted report, not an event of this run
         self.collector.feed(line)
         msg = line.msg
         if msg.startswith("Using V2 Model Runner"):
@@ -229,6 +235,7 @@ class _State:
     # -- verdict ----------------------------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
         facts = self.collector.finish()
+        self.reports.fill(facts)
         _resolve_runner(facts)
         base = _derived(facts, self.collector.phase)
         base["copy_offload"] = self.collector.copy_offload
@@ -538,6 +545,11 @@ def _verdict(
         else "the log shows no failure and does not show the server becoming ready: it may be cut "
         "off before the cause, or before start-up finished"
     )
+    if facts.pasted_reports:
+        summary += (
+            "; it holds pasted " + ", ".join(facts.pasted_reports) + " output, read for its facts "
+            "only (never as log lines)"
+        )
     return Verdict(
         Category.UNKNOWN,
         None,

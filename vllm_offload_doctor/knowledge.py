@@ -21,6 +21,7 @@ import regex
 
 from vllm_offload_doctor.errors import RuleFileError
 from vllm_offload_doctor.model import Category
+from vllm_offload_doctor.reports import KEYWORDS as REPORT_KEYWORDS
 from vllm_offload_doctor.rules import Rule, builtin_rules_dir, load_rules
 
 FRAME_PRECEDENCE = 50  # above the generic crash rules, below every rule that reads the exception
@@ -70,7 +71,12 @@ class Knowledge:
     @property
     def keywords(self) -> tuple[str, ...]:
         calls = sorted({fn for f in self.frames if f.calls for fn in f.functions})
-        return (*self.wrapper_keywords, *self.death_keywords, *(f"{c}(" for c in calls))
+        return (
+            *self.wrapper_keywords,
+            *self.death_keywords,
+            *(f"{c}(" for c in calls),
+            *REPORT_KEYWORDS,
+        )
 
     def frame_entry(self, fn: str, path: str) -> FrameEntry | None:
         for entry in self.frames:

@@ -108,6 +108,10 @@ class Facts:
     gpu_blocks: int | None = None  # '# GPU blocks: N' (V0)
     block_size: int | None = None
     gpu_name: str | None = None
+    torch_version: str | None = None  # from pasted collect-env / pip list / check output
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    pasted_reports: list[str] = field(default_factory=list)  # kinds of pasted blocks seen
     gpu_total_gib: float | None = None
     gpu_free_gib: float | None = None
     wsl: bool = False
