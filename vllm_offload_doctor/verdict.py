@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, FrameEntry, Knowledge
@@ -33,7 +33,7 @@ class Clues:
     methods: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=8))
 
     def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
-        """Record what `line` tells; True when it is a wrapper (never evidence of a cause)."""
+        """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
         msg = line.msg
         if frames and frames[-1][0] == line.no:
             _, fn, path = frames[-1]
@@ -52,12 +52,11 @@ class Clues:
             m = _METHOD.search(msg)
             if m:
                 self.methods.append((line.no, m.group(1)))
-        if (
-            len(self.deaths) < 3
-            and any(k in msg for k in know.death_keywords)
-            and know.deaths.search(msg)
-        ):
-            self.deaths.append(Evidence(line.no, line.text[:400]))
+        if any(k in msg for k in know.death_keywords) and know.deaths.search(msg):
+            # A death (killed, exit -9, Ray's ActorDiedError) says the process is gone, not why.
+            if len(self.deaths) < 3:
+                self.deaths.append(Evidence(line.no, line.text[:400]))
+            return True
         if any(k in msg for k in know.wrapper_keywords) and know.wrappers.search(msg):
             self.wrappers.append(Evidence(line.no, line.text[:400]))
             return True
@@ -115,3 +114,32 @@ def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
         "check the container's memory limit, lower --cpu-offload-gb or add host RAM, and run "
         "`offload-doctor check --offload-gb X` for the pinned-memory budget.",
     )
+
+
+_KV_OFFLOAD_CONNECTOR = re.compile(r"\w*OffloadingConnector|LMCache\w*")
+
+
+def kv_offload_in(facts: Facts) -> str | None:
+    """The KV-cache offloading a log shows (a different feature from weight offloading), if any."""
+    args = facts.args
+    if (args.get("kv_offloading_size") or 0) not in (0, "0", None, False):
+        return f"--kv-offloading-size {args['kv_offloading_size']}"
+    for key in ("kv_transfer_config", "kv_offloading_backend"):
+        value = str(args.get(key) or "")
+        m = _KV_OFFLOAD_CONNECTOR.search(value)
+        if m:
+            return f"--{key.replace('_', '-')} ({m.group(0)})"
+    return None
+
+
+def with_kv_offload_note(final: Verdict, facts: Facts) -> Verdict:
+    """Say that KV-cache offloading, when the log shows it, never fixes a weight OOM."""
+    kv = kv_offload_in(facts)
+    if kv is None or not final.category.value.startswith("oom"):
+        return final
+    note = (
+        f" KV-cache offloading is configured ({kv}): it moves KV blocks to host RAM, a different "
+        "feature from weight offloading; it never reduces the weights' GPU memory nor fixes an OOM "
+        "while loading them (that is --cpu-offload-gb)."
+    )
+    return replace(final, summary=final.summary.rstrip() + note)
