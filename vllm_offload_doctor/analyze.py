@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor import logread, reports, verdict
+from vllm_offload_doctor import logread, repeats, reports, verdict
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.knowledge import Knowledge, builtin_knowledge, lend_exceptions
@@ -27,7 +27,13 @@ from vllm_offload_doctor.model import (
     Verdict,
 )
 from vllm_offload_doctor.normalize import Line, parse, split_long
-from vllm_offload_doctor.patterns import declare, declare_words, prefilter_words
+from vllm_offload_doctor.patterns import (
+    declare,
+    declare_words,
+    literal_matcher,
+    prefilter_words,
+    span_finder,
+)
 from vllm_offload_doctor.rules import Rule, load_rules, render_message
 
 _EXCEPTION = declare(
@@ -41,6 +47,8 @@ _FATAL_HINT = declare(
 _LOADING_NUMBER = re.compile(r"Model loading took -?\d+(?:\.(\d*))? GiB")
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 MAX_EVIDENCE = 5
+CONTEXT_LINES = 12
+_UNSEEN = object()
 
 
 @dataclass(slots=True)
@@ -61,8 +69,9 @@ class Engine:
         self.knowledge = builtin_knowledge()
         base = list(rules) if rules is not None else load_rules(extra_rule_dirs)
         self.rules = lend_exceptions(base, self.knowledge)
-        self._prefilter = _literal_matcher(self.prefilter_words())
-        self._prefilter_served = _literal_matcher(self.prefilter_words(served=True))
+        self._prefilter = literal_matcher(self.prefilter_words())
+        self._prefilter_served = literal_matcher(self.prefilter_words(served=True))
+        self._find, self._find_served = span_finder(self._prefilter), span_finder(self._prefilter_served)
 
     def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
         """(word, ignore case): the declared fact words, the knowledge's and the rules' keywords."""
@@ -90,7 +99,7 @@ class Engine:
         state = _State(self.rules, self.knowledge)
         for no, raw in enumerate(lines, start=1):
             for part in split_long(raw.rstrip("\n")):
-                state.feed(parse(no, part))
+                state.feed_raw(no, part)
         return state.finish(name, lines_read=state.last_no)
 
     def _analyze_stream(self, stream: Any, name: str) -> Analysis:
@@ -114,54 +123,42 @@ class Engine:
 
     def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        served = self._prefilter_served if state.collector.served_requests else self._prefilter
-        search = served.search
+        find = self._find_served if state.collector.served_requests else self._find
         pos = 0
         counted_to = 0
         line_no = line_base
         size = len(block)
         while pos < size:
-            m = search(block, pos)
-            if m is None:
+            span = find(block, pos)
+            if span is None:
                 break
-            start = block.rfind(b"\n", pos, m.start()) + 1 or pos
-            end = block.find(b"\n", m.end())
+            start = block.rfind(b"\n", pos, span[0]) + 1 or pos
+            end = block.find(b"\n", span[1])
             if end < 0:
                 end = size
             line_no += block.count(b"\n", counted_to, start)
             counted_to = start
             raw = block[start:end].decode("utf-8", "replace")
             for part in split_long(raw):
-                state.feed(parse(line_no + 1, part))
+                state.feed_raw(line_no + 1, part)
             pos = end + 1
-
-
-def _literal_matcher(words: Sequence[tuple[str, bool]]) -> Any:
-    """One pattern that finds any of the literal words (word, ignore case) in bytes.
-
-    RE2 scans an alternation of ~150 literals with a DFA at a few hundred MB/s; Python's `re`
-    tries every alternative at every position (a few MB/s), so it is only the fallback.
-    """
-    pattern = b"|".join(
-        b"(?i:" + re.escape(w.encode()) + b")" if icase else re.escape(w.encode())
-        for w, icase in words
-    )
-    try:
-        import re2
-
-        return re2.compile(pattern)
-    except Exception:  # not installed on this platform, or a pattern RE2 refuses
-        return re.compile(pattern)
 
 
 class _State:
     """Everything kept while one input streams past: bounded whatever its size."""
+
+    replay = True  # repeated lines replayed from their plan (tests compare with False)
 
     def __init__(self, rules: Sequence[Rule], knowledge: Knowledge) -> None:
         self.rules = rules
         self.knowledge = knowledge
         self.clues = verdict.Clues()
         self.matching = [r for r in rules if r.patterns]
+        self._rule_words = span_finder(
+            literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
+        )
+        self._by_line = any(r.where == "line" for r in self.matching)
+        self._match_cache: dict[Any, tuple[tuple[Rule, dict[str, Any]], ...]] = {}
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
         self.notable_first: list[Evidence] = []
@@ -169,7 +166,10 @@ class _State:
         self.ready_line: int | None = None
         self.first_fatal_line: int | None = None
         self.last_no = 0
-        self.recent: deque[str] = deque(maxlen=12)
+        # (line, message) of the last lines: the context of a rule's first match.
+        self.recent: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
+        self.plans: dict[str, repeats.Plan | None] = {}  # None: always processed in full
+        self.matched: list[str] = []  # rule ids matched by the line being fed
         self.reports = reports.Reports()
         # Dating an undated V2 run: 'Using V2 Model Runner' exists from 0.16; a loading line with
         # four decimals is the %.4f of V1 <=0.11 (or V2 0.12-0.13), two or fewer is format_gib (0.14+).
@@ -207,30 +207,112 @@ class _State:
                 self.notable_first.append(ev)
             else:
                 self.notable_last.append(ev)
-        for rule in self.matching:
+        for rule, groups in self._matches(line):
             if wrapper and rule.category is Category.CRASH_OTHER:
                 continue  # a wrapper announces a failure; its cause is elsewhere
-            text = line.text if rule.where == "line" else msg
-            if not any(k in text for k in rule.keywords):
-                continue
-            m = rule.search(text)
-            if m is None:
-                continue
             hit = self.hits.get(rule.id)
             if hit is None:
                 hit = self.hits[rule.id] = _Hit(
                     rule,
-                    groups={k: v for k, v in m.groupdict().items() if v},
-                    context=tuple(self.recent),
+                    groups=dict(groups),
+                    # By line number, so lines the prefilter drops make no difference.
+                    context=tuple(t for n, t in self.recent if n >= line.no - CONTEXT_LINES),
                 )
             else:
-                for key, value in m.groupdict().items():
-                    if value and key not in hit.groups:
-                        hit.groups[key] = value
+                for key, value in groups.items():
+                    hit.groups.setdefault(key, value)
+            self.matched.append(rule.id)
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
                 hit.evidence.append(Evidence(line.no, line.text[:600]))
-        self.recent.append(msg)
+        self.recent.append((line.no, msg))
+
+    def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
+        """The rules whose patterns match this line, with their named groups (cached by text)."""
+        key = (line.msg, line.text) if self._by_line else line.msg
+        found = self._match_cache.get(key)
+        if found is not None:
+            return found
+        found = ()
+        if self._rule_words(line.text.encode(), 0):  # one scan for all keywords: most lines hold none
+            for rule in self.matching:
+                text = line.text if rule.where == "line" else line.msg
+                if any(k in text for k in rule.keywords):
+                    m = rule.search(text)
+                    if m is not None:
+                        found += ((rule, {k: v for k, v in m.groupdict().items() if v}),)
+        if len(self._match_cache) >= repeats.MAX_PLANS:
+            self._match_cache.clear()
+        if len(line.text) <= repeats.MAX_KEY:
+            self._match_cache[key] = found
+        return found
+
+    # -- repeated lines (repeats.py) -------------------------------------------------------
+    def feed_raw(self, no: int, raw: str) -> None:
+        """Feed one raw line; one that repeats an earlier line but for pid and time is replayed."""
+        key = repeats.key(raw) if self.replay else None
+        plan = self.plans.get(key, _UNSEEN) if key is not None else None
+        if isinstance(plan, repeats.Plan) and plan.reports == self._reports_state(no):
+            self._replay(no, raw.rstrip(), plan)
+            return
+        line = parse(no, raw)
+        if key is None or plan is None:
+            self.feed(line)
+            return
+        if len(self.plans) >= repeats.MAX_PLANS:
+            self.plans.clear()
+        self.plans[key] = self._observe(line, raw)
+
+    def _reports_state(self, no: int) -> tuple[Any, ...]:
+        return self.reports.state(no)
+
+    def _observe(self, line: Line, raw: str) -> repeats.Plan | None:
+        """Feed `line` and note what it did, when that can be replayed for a repeat."""
+        frames, clues = self.collector.frames, self.clues
+        last_frame = frames[-1] if frames else None
+        clue_state = (clues.frame, len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods))
+        notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
+        report_lines, report_state = self.reports.lines, self._reports_state(line.no)
+        self.matched.clear()
+        self.feed(line)
+        framed = bool(frames) and frames[-1] is not last_frame
+        if line.text != raw.rstrip() or (not framed and self.collector.touches(line.text)):
+            return None  # a fact line, or one a collector prefix or ANSI codes change
+        if self.reports.lines != report_lines or self._reports_state(line.no) != report_state:
+            return None  # a pasted report's line
+        if clue_state[1:] != (len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods)):
+            return None  # a wrapper, a death, a worker's method
+        entry = None
+        if clues.frame is not clue_state[0]:
+            if not framed or clues.frame is None:
+                return None
+            entry = clues.frame[1]
+        notable = notables != (
+            len(self.notable_first),
+            self.notable_last[-1] if self.notable_last else None,
+        )
+        frame = (frames[-1][1], frames[-1][2]) if framed else None
+        return repeats.Plan(line.msg, frame, entry, notable, tuple(self.matched), report_state)
+
+    def _replay(self, no: int, text: str, plan: repeats.Plan) -> None:
+        """What `feed` does for a repeat of a line whose plan this is, without parsing it."""
+        self.last_no = no
+        if plan.frame is not None:
+            self.collector.add_frame(no, *plan.frame)
+            if plan.frame_entry is not None:
+                self.clues.frame = (Evidence(no, text[:400]), plan.frame_entry)
+        if plan.notable:
+            ev = Evidence(no, text[:400])
+            if len(self.notable_first) < 4:
+                self.notable_first.append(ev)
+            else:
+                self.notable_last.append(ev)
+        for rule_id in plan.rules:
+            hit = self.hits[rule_id]
+            hit.count += 1
+            if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
+                hit.evidence.append(Evidence(no, text[:600]))
+        self.recent.append((no, plan.msg))
 
     # -- verdict ----------------------------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
@@ -310,7 +392,7 @@ class _State:
         anchor = line or self.first_fatal_line
         if anchor is None:
             return None
-        frames = self.collector.frames
+        frames = self.collector.all_frames()
         before = [fn for no, fn, _ in frames if anchor - 250 <= no <= anchor]
         phase = phase_of_frames(before)
         if phase is None:

@@ -9,13 +9,23 @@ Adding a start-up phase: a row of PHASE_TABLE (compare's live display reads the 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import deque
 from typing import Any
 
 from vllm_offload_doctor.model import Facts, RankOffload
 from vllm_offload_doctor.normalize import Line
-from vllm_offload_doctor.patterns import MAX_TEXT, Declared, declare
+from vllm_offload_doctor.patterns import (
+    MAX_TEXT,
+    Declared,
+    declare,
+    declared,
+    literal_matcher,
+    span_finder,
+)
+
+_FIRST = len(declared())  # the patterns declared below are this module's facts
 
 _VERSION = (
     declare(r"^vLLM (?:API )?server version (?P<v>v?\d+\.\d+[\w.+-]*)", "version"),
@@ -28,7 +38,8 @@ _VERSION = (
 )
 _MODEL = (
     declare(r"^vLLM server version \S+, serving model (?P<m>.+)$", "serving model"),
-    declare(r"(?<!\s)\s{2,}+model\s++(?P<m>\S+)\s*$", "  model", "\tmodel", "\t model"),
+    # The banner pads `model` to the width of `version`: at least two blanks on each side.
+    declare(r"(?<!\s)\s{2,}+model\s{2,}+(?P<m>\S+)\s*$", "model  ", "model\t", "model \t"),
 )
 _ARGS = declare(r"^non-default args: (?P<d>\{.*)$", "non-default args: ")
 _NAMESPACE = declare(r"^args: Namespace\((?P<d>.*)\)?$", "args: Namespace(")
@@ -272,6 +283,17 @@ CODE_HINTS = (
     (declare(r"kv_cache", "kv_cache"), "kv_cache"),
 )
 MAX_FRAMES = 5000
+MAX_FIRST_FRAMES = 1000
+_NOT_FED = (_FRAME, *(rx for rx, _ in CODE_HINTS))  # frames are replayed; hints read the context
+# Every word a fact pattern other than those needs: a line holding none of them (in its text,
+# which contains its message) changes no fact, whatever FactCollector.feed is asked.
+_FACT_WORDS = span_finder(
+    literal_matcher(
+        sorted(
+            {(w, d.icase) for d in declared()[_FIRST:] if d not in _NOT_FED for w in d.words}
+        )
+    )
+)
 PHASES = ("start", *dict.fromkeys(k for k, _, _ in PHASE_TABLE if k), "runtime")
 
 
@@ -297,6 +319,10 @@ class FactCollector:
         self.facts = Facts()
         self.phase = "start"
         self.frames: deque[tuple[int, str, str]] = deque(maxlen=MAX_FRAMES)  # line, function, path
+        # The first frames too: a crash loop's later tracebacks must not push out the first one,
+        # which its findings' first evidence lines point at.
+        self.first_frames: list[tuple[int, str, str]] = []
+        self.frames_seen = 0
         self.served_requests = 0
         self.cli_args: dict[str, Any] = {}
         self.serving_setup = False
@@ -305,13 +331,29 @@ class FactCollector:
         # The line each number-valued fact came from: evidence for rules that rest on numbers.
         self.number_lines: dict[str, tuple[int, str]] = {}
 
+    def add_frame(self, no: int, fn: str, path: str) -> None:
+        frame = (no, fn, path)
+        self.frames.append(frame)
+        if len(self.first_frames) < MAX_FIRST_FRAMES:
+            self.first_frames.append(frame)
+        self.frames_seen += 1
+
+    def all_frames(self) -> list[tuple[int, str, str]]:
+        """The first and the last frames, in order, each once."""
+        overlap = len(self.first_frames) + len(self.frames) - self.frames_seen
+        return [*self.first_frames, *list(self.frames)[max(0, overlap) :]]
+
+    def touches(self, text: str) -> bool:
+        """Whether a line with this text could change a fact other than the traceback frames."""
+        return _FACT_WORDS(text.encode(), 0) is not None
+
     def feed(self, line: Line) -> None:
         msg = line.msg
         f = self.facts
         if ", line " in msg:
             fm = _FRAME.search(msg)
             if fm:
-                self.frames.append((line.no, fm.group("fn"), fm.group("path")))
+                self.add_frame(line.no, fm.group("fn"), fm.group("path"))
                 return
         for phase, _, rx in PHASE_TABLE:
             if phase and rx.search(msg):
@@ -533,6 +575,7 @@ class FactCollector:
         return f
 
 
+@functools.lru_cache(maxsize=16)  # a crash loop logs the same args on every restart
 def _parse_dict(text: str) -> dict[str, Any]:
     text = text.strip()
     try:

@@ -11,7 +11,8 @@ backtracks costs a bounded time per line; bench/bench_hostile.py measures the wo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 # A vLLM record longer than this (a huge `non-default args` dict) is read from its start only.
 MAX_TEXT = 16_384
@@ -22,7 +23,9 @@ class Declared:
 
     __slots__ = ("icase", "rx", "until_served", "words")
 
-    def __init__(self, rx: re.Pattern[str], words: tuple[str, ...], icase: bool, until_served: bool):
+    def __init__(
+        self, rx: re.Pattern[str], words: tuple[str, ...], icase: bool, until_served: bool
+    ):
         self.rx = rx
         self.words = words
         self.icase = icase  # the words are matched ignoring case
@@ -37,12 +40,10 @@ class Declared:
         return None
 
     def search(self, text: str) -> re.Match[str] | None:
-        t = self._gate(text)
-        return None if t is None else self.rx.search(t)
+        return _memo(_SEARCHED, self, text)
 
     def match(self, text: str) -> re.Match[str] | None:
-        t = self._gate(text)
-        return None if t is None else self.rx.match(t)
+        return _memo(_MATCHED, self, text)
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         t = self._gate(text)
@@ -50,6 +51,33 @@ class Declared:
 
     def __repr__(self) -> str:
         return f"Declared({self.rx.pattern!r}, words={self.words!r})"
+
+
+# Results per text, so a line that repeats (a crash loop prints the same start-up and traceback
+# again and again) is matched once: text -> {pattern: match}. Bounded, and pure.
+_SEARCHED: dict[str, dict[Declared, re.Match[str] | None]] = {}
+_MATCHED: dict[str, dict[Declared, re.Match[str] | None]] = {}
+MEMO_TEXTS = 1024
+MEMO_TEXT_LEN = 4096
+
+
+def _memo(
+    memo: dict[str, dict[Declared, re.Match[str] | None]], d: Declared, text: str
+) -> re.Match[str] | None:
+    results = memo.get(text)
+    if results is None:
+        if len(text) > MEMO_TEXT_LEN:
+            t = d._gate(text)
+            return None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
+        if len(memo) >= MEMO_TEXTS:
+            memo.clear()
+        results = memo[text] = {}
+    elif d in results:
+        return results[d]
+    t = d._gate(text)
+    found = None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
+    results[d] = found
+    return found
 
 
 _DECLARED: list[Declared] = []
@@ -85,3 +113,47 @@ def prefilter_words(*, served: bool = False) -> list[tuple[str, bool]]:
             continue
         out.update((w, d.icase) for w in d.words)
     return sorted(out, key=lambda wi: (-len(wi[0]), wi))
+
+
+def literal_matcher(words: Sequence[tuple[str, bool]]) -> Any:
+    """One pattern that finds any of the literal words (word, ignore case) in bytes.
+
+    RE2 scans an alternation of ~150 literals with a DFA at a few hundred MB/s; Python's `re`
+    tries every alternative at every position (a few MB/s), so it is only the fallback.
+    """
+    pattern = b"|".join(
+        b"(?i:" + re.escape(w.encode()) + b")" if icase else re.escape(w.encode())
+        for w, icase in words
+    )
+    try:
+        import re2
+
+        return re2.compile(pattern)
+    except Exception:  # not installed on this platform, or a pattern RE2 refuses
+        return re.compile(pattern)
+
+
+def span_finder(rx: Any) -> Callable[[bytes, int], tuple[int, int] | None]:
+    """`rx.search(data, pos)` reduced to the span of the match, or None.
+
+    With RE2 this calls its matcher directly: the Python wrapper builds a Match object per call,
+    which costs four times the scan of a log line when nearly every line is a candidate.
+    """
+    try:
+        import re2
+
+        match, anchor = rx._regexp.Match, re2._Anchor.UNANCHORED
+        match(anchor, b"", 0, 0)
+    except Exception:  # the `re` fallback, or a google-re2 without these internals
+
+        def find(data: bytes, pos: int) -> tuple[int, int] | None:
+            m = rx.search(data, pos)
+            return None if m is None else m.span()
+
+        return find
+
+    def find_re2(data: bytes, pos: int) -> tuple[int, int] | None:
+        span = match(anchor, data, pos, len(data))[0]
+        return None if span[0] < 0 else span
+
+    return find_re2
