@@ -26,7 +26,7 @@ from vllm_offload_doctor.model import (
     Severity,
     Verdict,
 )
-from vllm_offload_doctor.normalize import Line, parse, split_long
+from vllm_offload_doctor.normalize import SPLIT_THRESHOLD, Line, parse, split_long
 from vllm_offload_doctor.patterns import (
     declare,
     declare_words,
@@ -124,6 +124,7 @@ class Engine:
     def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
         # One search per interesting line: after a hit, resume at the next line (linear time).
         find = self._find_served if state.collector.served_requests else self._find
+        feed = state.feed_raw
         pos = 0
         counted_to = 0
         line_no = line_base
@@ -139,8 +140,11 @@ class Engine:
             line_no += block.count(b"\n", counted_to, start)
             counted_to = start
             raw = block[start:end].decode("utf-8", "replace")
-            for part in split_long(raw):
-                state.feed_raw(line_no + 1, part)
+            if len(raw) < SPLIT_THRESHOLD:
+                feed(line_no + 1, raw)
+            else:
+                for part in split_long(raw):
+                    feed(line_no + 1, part)
             pos = end + 1
 
 
@@ -158,7 +162,7 @@ class _State:
             literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
         )
         self._by_line = any(r.where == "line" for r in self.matching)
-        self._match_cache: dict[Any, tuple[tuple[Rule, dict[str, Any]], ...]] = {}
+        self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
         self.notable_first: list[Evidence] = []
@@ -168,7 +172,7 @@ class _State:
         self.last_no = 0
         # (line, message) of the last lines: the context of a rule's first match.
         self.recent: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
-        self.plans: dict[str, repeats.Plan | None] = {}  # None: always processed in full
+        self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
         self.matched: list[str] = []  # rule ids matched by the line being fed
         self.reports = reports.Reports()
         # Dating an undated V2 run: 'Using V2 Model Runner' exists from 0.16; a loading line with
@@ -230,7 +234,7 @@ class _State:
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
         """The rules whose patterns match this line, with their named groups (cached by text)."""
         key = (line.msg, line.text) if self._by_line else line.msg
-        found = self._match_cache.get(key)
+        found: tuple[tuple[Rule, dict[str, Any]], ...] | None = self._match_cache.get(key)
         if found is not None:
             return found
         found = ()
@@ -241,10 +245,8 @@ class _State:
                     m = rule.search(text)
                     if m is not None:
                         found += ((rule, {k: v for k, v in m.groupdict().items() if v}),)
-        if len(self._match_cache) >= repeats.MAX_PLANS:
-            self._match_cache.clear()
         if len(line.text) <= repeats.MAX_KEY:
-            self._match_cache[key] = found
+            self._match_cache.remember(key, len(line.text), found)
         return found
 
     # -- repeated lines (repeats.py) -------------------------------------------------------
@@ -252,16 +254,14 @@ class _State:
         """Feed one raw line; one that repeats an earlier line but for pid and time is replayed."""
         key = repeats.key(raw) if self.replay else None
         plan = self.plans.get(key, _UNSEEN) if key is not None else None
-        if isinstance(plan, repeats.Plan) and plan.reports == self._reports_state(no):
+        if isinstance(plan, repeats.Plan) and plan.reports == self.reports.state(no):
             self._replay(no, raw.rstrip(), plan)
             return
         line = parse(no, raw)
         if key is None or plan is None:
             self.feed(line)
             return
-        if len(self.plans) >= repeats.MAX_PLANS:
-            self.plans.clear()
-        self.plans[key] = self._observe(line, raw)
+        self.plans.remember(key, 2 * len(key), self._observe(line, raw))
 
     def _reports_state(self, no: int) -> tuple[Any, ...]:
         return self.reports.state(no)

@@ -19,8 +19,8 @@ _HEAD = re.compile(
     r"\((?P<proc>[\w:]+) pid=\d+\) (?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
     r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? )?"
 )
-MAX_KEY = 2048  # longer lines are always processed in full (and not remembered)
-MAX_PLANS = 8192  # distinct lines remembered; then the memory starts again
+MAX_KEY = 16_384  # longer lines are always processed in full (and not remembered)
+MEMO_CHARS = 2_000_000  # characters of distinct lines remembered; then the memory starts again
 
 
 def key(raw: str) -> str | None:
@@ -31,6 +31,19 @@ def key(raw: str) -> str | None:
     if m is None:
         return raw
     return f"{m.group('proc')}\0{m.group('level') or ''}\0{raw[m.end() :]}"
+
+
+class Memo(dict[Any, Any]):
+    """A dict that forgets everything once its keys add up to MEMO_CHARS characters."""
+
+    chars = 0
+
+    def remember(self, key: Any, size: int, value: Any) -> None:
+        if self.chars + size > MEMO_CHARS:
+            self.clear()
+            self.chars = 0
+        self[key] = value
+        self.chars += size
 
 
 @dataclass(frozen=True, slots=True)
