@@ -45,3 +45,31 @@ def test_unseen_log(name: str) -> None:
 
 def test_the_directory_holds_only_the_listed_logs() -> None:
     assert sorted(p.name for p in HERE.iterdir()) == sorted(CASES)
+
+
+def test_version_in_the_v2_window_without_runner_evidence_is_not_ignored() -> None:
+    path = Path(__file__).parent.parent / "fixtures/rules/OFF001/v0.25-no-runner-evidence.log"
+    a = analyze_file(path)
+    assert a.offload.status.value == "unknown"
+    assert "does not say which runner ran" in a.offload.explanation
+
+
+def test_kv_offloading_size_is_not_weight_offload() -> None:
+    a = analyze_lines(
+        [
+            "(APIServer pid=9) INFO 10-02 10:00:00 [api_utils.py:297] vLLM server version 0.30.0, serving model m",
+            "(APIServer pid=9) INFO 10-02 10:00:00 [api_utils.py:286] non-default args: {'model_tag': 'm', "
+            "'kv_offloading_size': 64.0, 'max_model_len': 131072}",
+            "(EngineCore pid=80) ERROR 10-02 10:01:00 [core.py:1500] ValueError: To serve at least one request "
+            "with the model's max seq len (131072), (16.00 GiB KV cache is needed, which is larger than the "
+            "available KV cache memory (3.10 GiB).",
+        ]
+    )
+    assert a.verdict.category.value == "oom_kv_cache"
+    assert "--kv-offloading-size 64.0" in a.verdict.summary and "weight offloading" in a.verdict.summary
+    assert a.offload.status.value == "not_requested"
+
+
+def test_no_kv_offload_note_without_kv_offloading() -> None:
+    a = analyze_lines(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB."])
+    assert "KV-cache offloading" not in a.verdict.summary

@@ -582,6 +582,12 @@ def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = Fals
             "not build its layers with make_layers, a --cpu-offload-params filter may match nothing, or "
             "the log is partial"
         )
+        if Version("0.12.0") <= version < Version("0.28.0") and facts.model_runner == "unknown":
+            why += (
+                f"; vLLM {facts.vllm_version} ignores the flag whenever the V2 model runner runs, and "
+                "this log does not say which runner ran (no 'Using V2 Model Runner' or 'Starting to "
+                "load model' line): `offload-doctor compare` tells"
+            )
     return Offload(OffloadStatus.UNKNOWN, requested, None, why, disagree)
 
 
