@@ -359,6 +359,7 @@ class _State:
                 )
             )
         findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
+        findings = verdict.first_cause(findings)
         crash = next((f for f in findings if f.category is Category.CRASH_OTHER), None)
         frame = verdict.frame_finding(
             self.clues, self.rules, base, crash.evidence[0] if crash and crash.evidence else None

@@ -116,7 +116,7 @@ def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
     )
 
 
-_KV_OFFLOAD_CONNECTOR = re.compile(r"\w*OffloadingConnector|LMCache\w*")
+_KV_OFFLOAD_CONNECTOR = re.compile(r"\b\w*OffloadingConnector|LMCache\w*")  # \b: linear
 
 
 def kv_offload_in(facts: Facts) -> str | None:
@@ -143,3 +143,15 @@ def with_kv_offload_note(final: Verdict, facts: Facts) -> Verdict:
         "while loading them (that is --cpu-offload-gb)."
     )
     return replace(final, summary=final.summary.rstrip() + note)
+
+
+def first_cause(findings: list[Finding]) -> list[Finding]:
+    """A communication error after an out-of-memory error is the OOM's aftermath (the ranks that
+    did not crash lose their peer while shutting down): the OOM comes first."""
+    if not findings or findings[0].category is not Category.DISTRIBUTED or not findings[0].evidence:
+        return findings
+    dist_line = findings[0].evidence[0].line
+    for i, f in enumerate(findings[1:], start=1):
+        if f.category.value.startswith("oom") and f.evidence and f.evidence[0].line < dist_line:
+            return [f, *findings[:i], *findings[i + 1 :]]
+    return findings
