@@ -21,6 +21,7 @@ import regex
 
 from vllm_offload_doctor.errors import RuleFileError
 from vllm_offload_doctor.model import Category
+from vllm_offload_doctor.patterns import Bounded
 from vllm_offload_doctor.reports import KEYWORDS as REPORT_KEYWORDS
 from vllm_offload_doctor.rules import Rule, builtin_rules_dir, load_rules
 
@@ -126,7 +127,7 @@ def _str(path: Path, data: dict[str, Any], key: str) -> str:
 
 def _regex(path: Path, key: str, pattern: str) -> Any:
     try:
-        return regex.compile(pattern)
+        return Bounded(pattern)  # linear (RE2) where it can be
     except regex.error as exc:
         raise _fail(path, key, f"bad regex: {exc}") from None
 
@@ -212,7 +213,7 @@ def _alternation(path: Path, key: str, data: dict[str, Any]) -> tuple[Any, tuple
     _str(path, table, "source")
     for i, p in enumerate(patterns):
         _regex(path, f"{key}.patterns[{i}]", p)
-    return regex.compile("|".join(f"(?:{p})" for p in patterns)), keywords
+    return Bounded("|".join(f"(?:{p})" for p in patterns)), keywords
 
 
 def load_knowledge(rules: Sequence[Rule], directory: Path | None = None) -> Knowledge:
@@ -227,8 +228,8 @@ def load_knowledge(rules: Sequence[Rule], directory: Path | None = None) -> Know
     frames = _frames(frame_path, frame_data, by_id)
     _unique(frame_path, [f.id for f in frames])
     calls = sorted({fn for f in frames if f.calls for fn in f.functions})
-    call_rx = regex.compile(
-        r"^\s*(?:[\w.\[\](), ]+=\s*)?(?:await\s+|return\s+|raise\s+|assert\s+(?:not\s+)?)?(?:\w+\.)*(?P<fn>"
+    call_rx = Bounded(
+        r"^\s*+(?:[\w.\[\](), ]++=\s*)?(?:await\s+|return\s+|raise\s+|assert\s+(?:not\s+)?)?(?:\w++\.)*+(?P<fn>"
         + "|".join(regex.escape(c) for c in calls)
         + r")\("
     )

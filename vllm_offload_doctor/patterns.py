@@ -157,3 +157,62 @@ def span_finder(rx: Any) -> Callable[[bytes, int], tuple[int, int] | None]:
         return None if span[0] < 0 else span
 
     return find_re2
+
+
+# -- rule and knowledge patterns ---------------------------------------------------------------
+
+DEFAULT_TIMEOUT_S = 0.05
+
+
+class Bounded:
+    """A rule or knowledge pattern that costs linear time: RE2 when it can express the pattern,
+    else `regex` under a timeout. Either way it sees at most MAX_TEXT characters of a line.
+
+    RE2 has no look-around or back-references; the few patterns that need them keep `regex`,
+    whose timeouts are counted in `timeouts`.
+    """
+
+    __slots__ = ("_re2", "pattern", "rx", "timeouts")
+
+    def __init__(self, pattern: str) -> None:
+        import regex
+
+        self.pattern = pattern
+        self.rx = regex.compile(pattern)  # raises regex.error for the rule file's message
+        self._re2 = _re2_compile(pattern)
+        self.timeouts = 0
+
+    @property
+    def linear(self) -> bool:
+        return self._re2 is not None
+
+    def search(self, text: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> Any:
+        return self._run(True, text, timeout)
+
+    def match(self, text: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> Any:
+        return self._run(False, text, timeout)
+
+    def _run(self, search: bool, text: str, timeout: float | None) -> Any:
+        text = text[:MAX_TEXT]
+        if self._re2 is not None:
+            return self._re2.search(text) if search else self._re2.match(text)
+        try:
+            run = self.rx.search if search else self.rx.match
+            return run(text, timeout=timeout)
+        except TimeoutError:
+            self.timeouts += 1  # counted, never raised: a clue or rule is then missing, not the run
+            return None
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.pattern!r}, re2={self.linear})"
+
+
+def _re2_compile(pattern: str) -> Any:
+    try:
+        import re2
+
+        options = re2.Options()
+        options.log_errors = False
+        return re2.compile(pattern, options)
+    except Exception:  # no RE2 here, or a look-around / back-reference it cannot express
+        return None

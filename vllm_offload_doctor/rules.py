@@ -23,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor.errors import RuleFileError
 from vllm_offload_doctor.model import Category, Severity
+from vllm_offload_doctor.patterns import Bounded
 
 MATCH_TIMEOUT_S = 0.05
 
@@ -249,7 +250,7 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
     compiled = []
     for i, pattern in enumerate(patterns):
         try:
-            compiled.append(regex.compile(pattern))
+            compiled.append(Bounded(pattern))  # linear (RE2) where it can be
         except regex.error as exc:
             raise _fail(path, f"patterns[{i}]", f"bad regex: {exc}") from None
     keywords = _strings(path, data, "keywords")
