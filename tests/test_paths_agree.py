@@ -19,7 +19,9 @@ from vllm_offload_doctor.patterns import declared, literal_matcher, span_finder
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
-FIXTURE_LOGS = sorted(ROOT.glob("fixtures/**/*.log"))
+FIXTURE_LOGS = sorted(
+    [*ROOT.glob("fixtures/**/*.log"), *ROOT.glob("tests/pasted/*.log"), *ROOT.glob("tests/unseen/*.log")]
+)
 CORPUS_LOGS = sorted(CORPUS.glob("*.log")) if CORPUS.is_dir() else []
 
 
