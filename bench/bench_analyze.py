@@ -7,8 +7,8 @@ and an occasional WARNING, ending with a CUDA OOM traceback while serving. Then 
 measures, in the same run:
 
 * `offload-doctor analyze --format json FILE`: wall time, MB/s, peak RSS;
-* `grep -E -c` with the engine's prefilter keywords (FACT_KEYWORDS + every rule's
-  keywords) as one ERE alternation: MB/s, and the ratio analyze/grep;
+* `grep -E -c` with the engine's prefilter keywords (declared fact words + every
+  rule's keywords) as one ERE alternation: MB/s, and the ratio analyze/grep;
 * `offload-doctor --version`: median wall time of 10 runs.
 
 Targets (from the issue): analyze >= 1/3 of grep's throughput, peak RSS < 100 MB,
@@ -141,11 +141,9 @@ def build_log(path: Path, size_mb: int, corpus: Path, seed: int = 1) -> int:
 
 
 def prefilter_ere() -> tuple[str, int]:
-    from vllm_offload_doctor.analyze import FACT_KEYWORDS
-    from vllm_offload_doctor.rules import load_rules
+    from vllm_offload_doctor.analyze import Engine
 
-    words = sorted({*FACT_KEYWORDS, *(k for r in load_rules() for k in r.keywords)},
-                   key=len, reverse=True)
+    words = [w for w, _ in Engine().prefilter_words()]  # icase words as declared (lower case)
     # ERE escaping: everything that is not a word character is bracketed or backslashed.
     return "|".join(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", w) for w in words), len(words)
 

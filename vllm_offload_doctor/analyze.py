@@ -11,9 +11,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor import logread
+from vllm_offload_doctor import logread, repeats, reports, verdict
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
+from vllm_offload_doctor.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.model import (
     Analysis,
     Category,
@@ -25,78 +26,29 @@ from vllm_offload_doctor.model import (
     Severity,
     Verdict,
 )
-from vllm_offload_doctor.normalize import Line, parse, split_long
+from vllm_offload_doctor.normalize import SPLIT_THRESHOLD, Line, parse, split_long
+from vllm_offload_doctor.patterns import (
+    declare,
+    declare_words,
+    literal_matcher,
+    prefilter_words,
+    span_finder,
+)
 from vllm_offload_doctor.rules import Rule, load_rules, render_message
 
-# Needed only until the first served request is seen: access lines are the bulk of a serving log.
-UNTIL_SERVED = ("/completions HTTP/1.",)
-
-# Words that every line a fact pattern needs contains; rules add their own keywords.
-FACT_KEYWORDS = (
-    "version",
-    "non-default args",
-    "args: Namespace",
-    "LLM engine",
-    "vllm serve",
-    "api_server",
-    "LLM(",
-    "Model Runner",
-    "Model runner",
-    "Loading model from scratch",
-    "Starting to load model",
-    "Offloader",
-    "Total CPU offloaded",
-    "Model loading took",
-    "Loading model weights took",
-    # Not bare "KV cache": every serving stats line says "GPU KV cache usage".
-    "KV cache memory",
-    "KV cache size",
-    "KV Cache",
-    "GPU blocks",
-    "platform",
-    "GiB",
-    "WSL",
-    "startup complete",
-    "Uvicorn running",
-    "shutdown complete",
-    "Shutting down",
-    "Finished server process",
-    "/completions HTTP/1.",
-    'File "',
-    "Traceback",
-    "Error",
-    "ERROR",
-    "error",
-    "Exception",
-    "WARNING",
-    "CRITICAL",
-    "Killed",
-    "Memory profiling",
-    "memory profiling",
-    "Capturing",
-    "Graph capturing",
-    "Loading weights",
-    "Loading safetensors",
-    "compute capability",
-    "Route: /v1/",
-    "Available routes",
-    "Started server process",
-    "Waiting for application",
-    "init engine",
-    "Starting vLLM",
-    "standard CPU offloading",
+_EXCEPTION = declare(
+    r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
+    *("Error", "Exception", "Interrupt", "Exit"),
 )
-_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?")
-_FATAL_HINT = re.compile(
-    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
+_FATAL_HINT = declare(
+    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start",
+    *("failed to start", "Engine core initialization failed"),
 )
+_LOADING_NUMBER = re.compile(r"Model loading took -?\d+(?:\.(\d*))? GiB")
+declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 MAX_EVIDENCE = 5
-GIB_TOLERANCE = 0.05
-
-OFFLOAD_LINKS = (
-    "https://github.com/vllm-project/vllm/issues/51396",
-    "https://github.com/vllm-project/vllm/pull/51413",
-)
+CONTEXT_LINES = 12
+_UNSEEN = object()
 
 
 @dataclass(slots=True)
@@ -114,12 +66,19 @@ class Engine:
     def __init__(
         self, rules: Sequence[Rule] | None = None, extra_rule_dirs: Iterable[Path] = ()
     ) -> None:
-        self.rules = list(rules) if rules is not None else load_rules(extra_rule_dirs)
-        words = sorted(
-            {*FACT_KEYWORDS, *(k for r in self.rules for k in r.keywords)}, key=len, reverse=True
-        )
-        self._prefilter = _literal_matcher(words)
-        self._prefilter_served = _literal_matcher([w for w in words if w not in UNTIL_SERVED])
+        self.knowledge = builtin_knowledge()
+        base = list(rules) if rules is not None else load_rules(extra_rule_dirs)
+        self.rules = lend_exceptions(base, self.knowledge)
+        self._prefilter = literal_matcher(self.prefilter_words())
+        self._prefilter_served = literal_matcher(self.prefilter_words(served=True))
+        self._find, self._find_served = span_finder(self._prefilter), span_finder(self._prefilter_served)
+
+    def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
+        """(word, ignore case): the declared fact words, the knowledge's and the rules' keywords."""
+        words = dict(prefilter_words(served=served))
+        for word in (*self.knowledge.keywords, *(k for r in self.rules for k in r.keywords)):
+            words.setdefault(word, False)
+        return sorted(words.items(), key=lambda wi: (-len(wi[0]), wi))
 
     # -- inputs ---------------------------------------------------------------------------
     def analyze_source(self, source: logread.Source) -> Analysis:
@@ -137,14 +96,14 @@ class Engine:
         return self.analyze_source(logread.Source(name, path))
 
     def analyze_lines(self, lines: Iterable[str], name: str = "<lines>") -> Analysis:
-        state = _State(self.rules)
+        state = _State(self.rules, self.knowledge)
         for no, raw in enumerate(lines, start=1):
             for part in split_long(raw.rstrip("\n")):
-                state.feed(parse(no, part))
+                state.feed_raw(no, part)
         return state.finish(name, lines_read=state.last_no)
 
     def _analyze_stream(self, stream: Any, name: str) -> Analysis:
-        state = _State(self.rules)
+        state = _State(self.rules, self.knowledge)
         error: str | None = None
         line_base = 0
         first = True
@@ -164,49 +123,46 @@ class Engine:
 
     def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        served = self._prefilter_served if state.collector.served_requests else self._prefilter
-        search = served.search
+        find = self._find_served if state.collector.served_requests else self._find
+        feed = state.feed_raw
         pos = 0
         counted_to = 0
         line_no = line_base
         size = len(block)
         while pos < size:
-            m = search(block, pos)
-            if m is None:
+            span = find(block, pos)
+            if span is None:
                 break
-            start = block.rfind(b"\n", pos, m.start()) + 1 or pos
-            end = block.find(b"\n", m.end())
+            start = block.rfind(b"\n", pos, span[0]) + 1 or pos
+            end = block.find(b"\n", span[1])
             if end < 0:
                 end = size
             line_no += block.count(b"\n", counted_to, start)
             counted_to = start
             raw = block[start:end].decode("utf-8", "replace")
-            for part in split_long(raw):
-                state.feed(parse(line_no + 1, part))
+            if len(raw) < SPLIT_THRESHOLD:
+                feed(line_no + 1, raw)
+            else:
+                for part in split_long(raw):
+                    feed(line_no + 1, part)
             pos = end + 1
-
-
-def _literal_matcher(words: Sequence[str]) -> Any:
-    """One pattern that finds any of the literal words in bytes.
-
-    RE2 scans an alternation of ~150 literals with a DFA at a few hundred MB/s; Python's `re`
-    tries every alternative at every position (a few MB/s), so it is only the fallback.
-    """
-    pattern = b"|".join(re.escape(w.encode()) for w in words)
-    try:
-        import re2
-
-        return re2.compile(pattern)
-    except Exception:  # not installed on this platform, or a pattern RE2 refuses
-        return re.compile(pattern)
 
 
 class _State:
     """Everything kept while one input streams past: bounded whatever its size."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    replay = True  # repeated lines replayed from their plan (tests compare with False)
+
+    def __init__(self, rules: Sequence[Rule], knowledge: Knowledge) -> None:
         self.rules = rules
+        self.knowledge = knowledge
+        self.clues = verdict.Clues()
         self.matching = [r for r in rules if r.patterns]
+        self._rule_words = span_finder(
+            literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
+        )
+        self._by_line = any(r.where == "line" for r in self.matching)
+        self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
         self.notable_first: list[Evidence] = []
@@ -214,14 +170,34 @@ class _State:
         self.ready_line: int | None = None
         self.first_fatal_line: int | None = None
         self.last_no = 0
-        self.recent: deque[str] = deque(maxlen=12)
+        # (line, message) of the last lines: the context of a rule's first match.
+        self.recent: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
+        self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
+        self.matched: list[str] = []  # rule ids matched by the line being fed
+        self.reports = reports.Reports()
+        # Dating an undated V2 run: 'Using V2 Model Runner' exists from 0.16; a loading line with
+        # four decimals is the %.4f of V1 <=0.11 (or V2 0.12-0.13), two or fewer is format_gib (0.14+).
+        self.v2_banner = False
+        self.loading_4dp: bool | None = None
 
     def feed(self, line: Line) -> None:
         self.last_no = line.no
+        report = self.reports.feed(line)
+        if report is not None:
+            if report == "shell prompt":
+                self.collector.feed(line)  # the command line still gives the arguments
+            return  # a pasted report, not an event of this run
         self.collector.feed(line)
         msg = line.msg
+        if msg.startswith("Using V2 Model Runner"):
+            self.v2_banner = True
+        elif msg.startswith("Model loading took "):
+            m = _LOADING_NUMBER.match(msg)
+            if m:
+                self.loading_4dp = len(m.group(1) or "") == 4
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
+        wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
         is_exception = bool(_EXCEPTION.match(msg)) or bool(_FATAL_HINT.search(msg))
         if is_exception and self.first_fatal_line is None:
             self.first_fatal_line = line.no
@@ -235,36 +211,122 @@ class _State:
                 self.notable_first.append(ev)
             else:
                 self.notable_last.append(ev)
-        for rule in self.matching:
-            text = line.text if rule.where == "line" else msg
-            if not any(k in text for k in rule.keywords):
-                continue
-            m = rule.search(text)
-            if m is None:
-                continue
+        for rule, groups in self._matches(line):
+            if wrapper and rule.category is Category.CRASH_OTHER:
+                continue  # a wrapper announces a failure; its cause is elsewhere
             hit = self.hits.get(rule.id)
             if hit is None:
                 hit = self.hits[rule.id] = _Hit(
                     rule,
-                    groups={k: v for k, v in m.groupdict().items() if v},
-                    context=tuple(self.recent),
+                    groups=dict(groups),
+                    # By line number, so lines the prefilter drops make no difference.
+                    context=tuple(t for n, t in self.recent if n >= line.no - CONTEXT_LINES),
                 )
             else:
-                for key, value in m.groupdict().items():
-                    if value and key not in hit.groups:
-                        hit.groups[key] = value
+                for key, value in groups.items():
+                    hit.groups.setdefault(key, value)
+            self.matched.append(rule.id)
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
                 hit.evidence.append(Evidence(line.no, line.text[:600]))
-        self.recent.append(msg)
+        self.recent.append((line.no, msg))
+
+    def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
+        """The rules whose patterns match this line, with their named groups (cached by text)."""
+        key = (line.msg, line.text) if self._by_line else line.msg
+        found: tuple[tuple[Rule, dict[str, Any]], ...] | None = self._match_cache.get(key)
+        if found is not None:
+            return found
+        found = ()
+        if self._rule_words(line.text.encode(), 0):  # one scan for all keywords: most lines hold none
+            for rule in self.matching:
+                text = line.text if rule.where == "line" else line.msg
+                if any(k in text for k in rule.keywords):
+                    m = rule.search(text)
+                    if m is not None:
+                        found += ((rule, {k: v for k, v in m.groupdict().items() if v}),)
+        if len(line.text) <= repeats.MAX_KEY:
+            self._match_cache.remember(key, len(line.text), found)
+        return found
+
+    # -- repeated lines (repeats.py) -------------------------------------------------------
+    def feed_raw(self, no: int, raw: str) -> None:
+        """Feed one raw line; one that repeats an earlier line but for pid and time is replayed."""
+        key = repeats.key(raw) if self.replay else None
+        plan = self.plans.get(key, _UNSEEN) if key is not None else None
+        if isinstance(plan, repeats.Plan) and plan.reports == self.reports.state(no):
+            self._replay(no, raw.rstrip(), plan)
+            return
+        line = parse(no, raw)
+        if key is None or plan is None:
+            self.feed(line)
+            return
+        self.plans.remember(key, 2 * len(key), self._observe(line, raw))
+
+    def _reports_state(self, no: int) -> tuple[Any, ...]:
+        return self.reports.state(no)
+
+    def _observe(self, line: Line, raw: str) -> repeats.Plan | None:
+        """Feed `line` and note what it did, when that can be replayed for a repeat."""
+        frames, clues = self.collector.frames, self.clues
+        last_frame = frames[-1] if frames else None
+        clue_state = (clues.frame, len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods))
+        notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
+        report_lines, report_state = self.reports.lines, self._reports_state(line.no)
+        self.matched.clear()
+        self.feed(line)
+        framed = bool(frames) and frames[-1] is not last_frame
+        if line.text != raw.rstrip() or (not framed and self.collector.touches(line.text)):
+            return None  # a fact line, or one a collector prefix or ANSI codes change
+        if self.reports.lines != report_lines or self._reports_state(line.no) != report_state:
+            return None  # a pasted report's line
+        if clue_state[1:] != (len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods)):
+            return None  # a wrapper, a death, a worker's method
+        entry = None
+        if clues.frame is not clue_state[0]:
+            if not framed or clues.frame is None:
+                return None
+            entry = clues.frame[1]
+        notable = notables != (
+            len(self.notable_first),
+            self.notable_last[-1] if self.notable_last else None,
+        )
+        frame = (frames[-1][1], frames[-1][2]) if framed else None
+        return repeats.Plan(line.msg, frame, entry, notable, tuple(self.matched), report_state)
+
+    def _replay(self, no: int, text: str, plan: repeats.Plan) -> None:
+        """What `feed` does for a repeat of a line whose plan this is, without parsing it."""
+        self.last_no = no
+        if plan.frame is not None:
+            self.collector.add_frame(no, *plan.frame)
+            if plan.frame_entry is not None:
+                self.clues.frame = (Evidence(no, text[:400]), plan.frame_entry)
+        if plan.notable:
+            ev = Evidence(no, text[:400])
+            if len(self.notable_first) < 4:
+                self.notable_first.append(ev)
+            else:
+                self.notable_last.append(ev)
+        for rule_id in plan.rules:
+            hit = self.hits[rule_id]
+            hit.count += 1
+            if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
+                hit.evidence.append(Evidence(no, text[:600]))
+        self.recent.append((no, plan.msg))
 
     # -- verdict ----------------------------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
         facts = self.collector.finish()
+        self.reports.fill(facts)
         _resolve_runner(facts)
         base = _derived(facts, self.collector.phase)
         base["copy_offload"] = self.collector.copy_offload
         base["serving_setup"] = self.collector.serving_setup
+        # No version line: V2's loading line without "memory" dates the run to 0.12-0.27.1 only when
+        # it cannot be V1's line of <=0.11 (same words): the V2 banner, or format_gib's number.
+        base["undated_v2_unfixed"] = bool(
+            base["undated_v2_unfixed"] and (self.v2_banner or self.loading_4dp is False)
+        )
         findings: list[Finding] = []
         for rule in self.rules:
             hit = self.hits.get(rule.id)
@@ -292,22 +354,37 @@ class _State:
                     links=rule.links,
                     evidence=tuple(hit.evidence)
                     if hit
-                    else _fact_evidence(facts, self.collector.args_evidence),
+                    else _fact_evidence(facts, self.collector, rule),
                     precedence=rule.precedence,
                 )
             )
         findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
+        findings = verdict.first_cause(findings)
+        crash = next((f for f in findings if f.category is Category.CRASH_OTHER), None)
+        frame = verdict.frame_finding(
+            self.clues, self.rules, base, crash.evidence[0] if crash and crash.evidence else None
+        )
+        if frame is not None and (not findings or findings[0].precedence < frame.precedence):
+            findings.insert(0, frame)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
-        verdict = _verdict(facts, findings, offload, serving_setup=self.collector.serving_setup)
-        notable = () if findings else (*self.notable_first, *self.notable_last)
+        notable: tuple[Evidence, ...] = ()
+        if not findings:
+            notable = (*self.clues.deaths, *self.notable_first, *self.notable_last)
+            notable = tuple({e.line: e for e in notable}.values())
+        final = _verdict(
+            facts, findings, offload, serving_setup=self.collector.serving_setup, notable=notable
+        )
+        if not findings:
+            final = verdict.death_verdict(self.clues, facts) or final
+        final = verdict.with_kv_offload_note(final, facts)
         return Analysis(
             file=name,
-            verdict=verdict,
+            verdict=final,
             offload=offload,
             facts=facts,
             findings=tuple(findings),
             lines_read=lines_read,
-            notable=tuple(notable),
+            notable=notable,
             error=error,
         )
 
@@ -316,17 +393,21 @@ class _State:
         anchor = line or self.first_fatal_line
         if anchor is None:
             return None
-        frames = self.collector.frames
-        before = [fn for no, fn in frames if anchor - 250 <= no <= anchor]
+        frames = self.collector.all_frames()
+        before = [fn for no, fn, _ in frames if anchor - 250 <= no <= anchor]
         phase = phase_of_frames(before)
         if phase is None:
-            after = [fn for no, fn in frames if anchor < no <= anchor + 250]
+            after = [fn for no, fn, _ in frames if anchor < no <= anchor + 250]
             phase = phase_of_frames(after)
+        if phase is None:
+            phase = phase_of_frames([m for no, m in self.clues.methods if abs(no - anchor) <= 50])
         if phase is None:
             for text in reversed(context):
                 for rx, hint in CODE_HINTS:
                     if rx.search(text):
                         return hint
+        if phase is None and self.collector.phase == "start":
+            return "unknown"  # nothing in the log places the failure
         return phase or self.collector.phase
 
 
@@ -364,11 +445,40 @@ def _derived(facts: Facts, phase: str) -> dict[str, Any]:
         values["gpu_free_fraction"] = facts.gpu_free_gib / facts.gpu_total_gib
     else:
         values["gpu_free_fraction"] = None
+    values.update(_kv_numbers(facts))
+    # No version line: V2's loading line without "memory" dates the run to 0.12-0.27.1.
+    values["undated_v2_unfixed"] = facts.vllm_version is None and facts.loading_says_memory is False
     return values
 
 
-def _fact_evidence(facts: Facts, args_line: tuple[int, str] | None) -> tuple[Evidence, ...]:
-    """Evidence for a rule that rests on facts: the args line and the runner line."""
+def _kv_numbers(facts: Facts) -> dict[str, Any]:
+    """Whether the logged KV numbers leave room for one request of max_model_len, and why not."""
+    block = facts.block_size or 16  # vLLM's default block size on GPUs
+    tokens = facts.kv_cache_tokens
+    if tokens is None and facts.gpu_blocks is not None:
+        tokens = facts.gpu_blocks * block
+    why = []
+    if facts.kv_cache_gib is not None and facts.kv_cache_gib < 0:
+        why.append(f"the KV cache budget is negative ({facts.kv_cache_gib:g} GiB)")
+    if facts.gpu_blocks == 0:
+        why.append("'# GPU blocks: 0'")
+    elif tokens is not None and facts.max_model_len and tokens < facts.max_model_len:
+        held = (
+            f"{facts.gpu_blocks} blocks x {block} tokens = {tokens}"
+            if facts.kv_cache_tokens is None
+            else f"{tokens} tokens"
+        )
+        why.append(f"the KV cache holds {held}, below max_model_len {facts.max_model_len}")
+    return {"kv_tokens": tokens, "kv_short": bool(why), "kv_numbers": "; ".join(why) or None}
+
+
+def _fact_evidence(facts: Facts, collector: FactCollector, rule: Rule) -> tuple[Evidence, ...]:
+    """Evidence for a rule that rests on facts: the lines of its numbers, the args and runner lines."""
+    named = " ".join(c.fact for c in (*rule.all, *rule.any))
+    numbers = [Evidence(*v) for k, v in collector.number_lines.items() if k.startswith("kv_") or k == "gpu_blocks"]
+    if "kv_" in named:
+        return tuple(sorted(numbers, key=lambda e: e.line))
+    args_line = collector.args_evidence
     out = [Evidence(*args_line)] if args_line else []
     if facts.model_runner_evidence:
         no, _, text = facts.model_runner_evidence.partition(": ")
@@ -473,6 +583,12 @@ def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = Fals
             "not build its layers with make_layers, a --cpu-offload-params filter may match nothing, or "
             "the log is partial"
         )
+        if Version("0.12.0") <= version < Version("0.28.0") and facts.model_runner == "unknown":
+            why += (
+                f"; vLLM {facts.vllm_version} ignores the flag whenever the V2 model runner runs, and "
+                "this log does not say which runner ran (no 'Using V2 Model Runner' or 'Starting to "
+                "load model' line): `offload-doctor compare` tells"
+            )
     return Offload(OffloadStatus.UNKNOWN, requested, None, why, disagree)
 
 
@@ -490,7 +606,12 @@ def _rank_statuses(facts: Facts) -> list[str]:
 
 
 def _verdict(
-    facts: Facts, findings: list[Finding], offload: Offload, *, serving_setup: bool = False
+    facts: Facts,
+    findings: list[Finding],
+    offload: Offload,
+    *,
+    serving_setup: bool = False,
+    notable: Sequence[Evidence] = (),
 ) -> Verdict:
     if findings:
         top = findings[0]
@@ -507,12 +628,23 @@ def _verdict(
         if offload.status is OffloadStatus.EFFECTIVE:
             summary += f"; offloading took effect ({offload.offloaded_gib:.2f} GiB)"
         return Verdict(Category.HEALTHY, None, "Server healthy", summary, Severity.INFO)
+    summary = (
+        "no failure that a rule explains, and the log does not show the server becoming ready; "
+        "the error lines below are all it shows (the cause may be cut off)"
+        if notable
+        else "the log shows no failure and does not show the server becoming ready: it may be cut "
+        "off before the cause, or before start-up finished"
+    )
+    if facts.pasted_reports:
+        summary += (
+            "; it holds pasted " + ", ".join(facts.pasted_reports) + " output, read for its facts "
+            "only (never as log lines)"
+        )
     return Verdict(
         Category.UNKNOWN,
         None,
         "No known cause found",
-        "no rule matched and the log does not show the server becoming ready; the most relevant lines "
-        "are listed",
+        summary,
         Severity.INFO,
         "Attach the whole log (from the `vllm serve` command line to the end) and the output of "
         "`offload-doctor check`.",

@@ -1,33 +1,57 @@
-"""Extract facts (version, args, runner, offload, memory, readiness) from parsed log lines."""
+"""Extract facts (version, args, runner, offload, memory, readiness) from parsed log lines.
+
+Adding a fact: declare its pattern with `declare(pattern, *words)` (patterns.py), where the
+words are literals of which every match contains one. They are analyze's prefilter words and
+the pattern's gate on every path, so nothing else needs editing (no keyword list elsewhere).
+Adding a start-up phase: a row of PHASE_TABLE (compare's live display reads the same table).
+"""
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import deque
 from typing import Any
 
 from vllm_offload_doctor.model import Facts, RankOffload
 from vllm_offload_doctor.normalize import Line
+from vllm_offload_doctor.patterns import (
+    MAX_TEXT,
+    Declared,
+    declare,
+    declared,
+    literal_matcher,
+    span_finder,
+)
+
+_FIRST = len(declared())  # the patterns declared below are this module's facts
 
 _VERSION = (
-    re.compile(r"^vLLM (?:API )?server version (?P<v>v?\d+\.\d+[\w.+-]*)"),
-    re.compile(r"\s{2,}version\s+(?P<v>\d+\.\d+\.\d+[\w.+-]*)\s*$"),
-    re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(?P<v>\d+\.\d+[^)]*)\)"),
-    re.compile(r"\bvllm(?:==|-| version:? v?)(?P<v>\d+\.\d+\.\d+[\w.+-]*)"),
+    declare(r"^vLLM (?:API )?server version (?P<v>v?\d+\.\d+[\w.+-]*)", "version"),
+    declare(r"(?<!\s)\s{2,}+version\s++(?P<v>\d+\.\d+\.\d+[\w.+-]*+)\s*$", "version"),
+    declare(r"Initializing an? (?:V1 )?LLM engine \(v(?P<v>\d+\.\d+[^)]*)\)", "LLM engine (v"),
+    declare(
+        r"\bvllm(?:==|-| version:? v?)(?P<v>\d+\.\d+\.\d+[\w.+-]*)",
+        "vllm==", "vllm version", *(f"vllm-{d}" for d in "0123456789"),
+    ),
 )
 _MODEL = (
-    re.compile(r"^vLLM server version \S+, serving model (?P<m>.+)$"),
-    re.compile(r"\s{2,}model\s+(?P<m>\S+)\s*$"),
+    declare(r"^vLLM server version \S+, serving model (?P<m>.+)$", "serving model"),
+    # The banner pads `model` to the width of `version`: at least two blanks on each side.
+    declare(r"(?<!\s)\s{2,}+model\s{2,}+(?P<m>\S+)\s*$", "model  ", "model\t", "model \t"),
 )
-_ARGS = re.compile(r"^non-default args: (?P<d>\{.*)$")
-_NAMESPACE = re.compile(r"^args: Namespace\((?P<d>.*)\)?$")
-_ENGINE_CFG = re.compile(r"Initializing an? (?:V1 )?LLM engine")
+_ARGS = declare(r"^non-default args: (?P<d>\{.*)$", "non-default args: ")
+_NAMESPACE = declare(r"^args: Namespace\((?P<d>.*)\)?$", "args: Namespace(")
+_NS_ITEM = re.compile(r"(?<!\w)(\w++)=('[^']*'|[^,]+)")
+_ENGINE_CFG = declare(r"Initializing an? (?:V1 )?LLM engine", "LLM engine")
 _CFG_ITEM = re.compile(
     r"\b(?P<k>tensor_parallel_size|enforce_eager|dtype|max_seq_len|device_config|model)="
     r"(?P<v>'[^']*'|[^,\s)]+)"
 )
-_CLI = re.compile(r"(?:vllm serve|vllm\.entrypoints|api_server|LLM\()")
+_CLI = declare(
+    r"(?:vllm serve|vllm\.entrypoints|api_server|LLM\()", "vllm serve", "vllm.entrypoints", "api_server", "LLM("
+)
 _CLI_FLAG = re.compile(
     r"--(?P<k>cpu-offload-gb|gpu-memory-utilization|max-model-len|tensor-parallel-size|"
     r"offload-backend|offload-group-size|dtype|device|enforce-eager|enable-lora|quantization)(?:[= ]+(?P<v>[^\s-][^\s]*))?"
@@ -36,45 +60,81 @@ _PY_KW = re.compile(
     r"\b(?P<k>cpu_offload_gb|gpu_memory_utilization|max_model_len|tensor_parallel_size)"
     r"\s*=\s*(?P<v>[\d.]+)"
 )
-_RUNNER_V2 = re.compile(r"^Using V2 Model Runner")
-_RUNNER_V2_LOAD = re.compile(r"^Loading model from scratch\.\.\.")
-_RUNNER_V1_LOAD = re.compile(r"^Starting to load model ")
-_RUNNER_FALLBACK = re.compile(
-    r"^Model [Rr]unner [Vv]2 (?:does not yet support .*|requires Triton); using the [Vv]1 model runner"
+_RUNNER_V2 = declare(r"^Using V2 Model Runner", "Using V2 Model Runner")
+_RUNNER_V2_LOAD = declare(r"^Loading model from scratch\.\.\.", "Loading model from scratch")
+_RUNNER_V1_LOAD = declare(r"^Starting to load model ", "Starting to load model")
+_RUNNER_FALLBACK = declare(
+    r"^Model [Rr]unner [Vv]2 (?:does not yet support .*|requires Triton); using the [Vv]1 model runner",
+    "model runner",
+    icase=True,
 )
-_OFFLOADER = re.compile(r"^Offloader set to (?P<c>\w+)")
-_TOTAL = re.compile(r"^Total CPU offloaded parameters: (?P<g>[\d.]+)")
-_PREFETCH = re.compile(
-    r"^\[PrefetchOffloader\] Initialized \d+ modules\. Total GPU memory saved: (?P<g>[\d.]+) GB"
+_OFFLOADER = declare(r"^Offloader set to (?P<c>\w+)", "Offloader set to")
+_TOTAL = declare(r"^Total CPU offloaded parameters: (?P<g>[\d.]+)", "Total CPU offloaded")
+_PREFETCH = declare(
+    r"^\[PrefetchOffloader\] Initialized \d+ modules\. Total GPU memory saved: (?P<g>[\d.]+) GB",
+    "[PrefetchOffloader]",
 )
-_LOADING = re.compile(r"^Model loading took (?P<g>-?[\d.]+) GiB(?P<mem> memory)? and")
-_LOADING_OLD = re.compile(r"^Loading model weights took (?P<g>[\d.]+) GB")
-_KV_MEM = re.compile(r"^Available KV cache memory: (?P<g>-?[\d.]+) GiB")
-_KV_TOK = re.compile(r"KV cache size: (?P<t>[\d,]+) tokens")
-_KV_OLD = re.compile(r"the rest of the memory reserved for KV Cache is (?P<g>[\d.]+) ?GiB")
-_PLATFORM = re.compile(r"^Automatically detected platform (?P<p>\w+)\.")
-_CUDA_OOM = re.compile(
-    r"GPU (?P<idx>\d+) has a total capac(?:i)?ty of (?P<tot>[\d.]+ [KMG]iB) of which (?P<free>[\d.]+ [KMG]iB) is free"
+_LOADING = declare(r"^Model loading took (?P<g>-?[\d.]+) GiB(?P<mem> memory)? and", "Model loading took")
+_LOADING_OLD = declare(r"^Loading model weights took (?P<g>[\d.]+) GB", "Loading model weights took")
+_KV_MEM = declare(r"^Available KV cache memory: (?P<g>-?[\d.]+) GiB", "Available KV cache memory")
+_KV_TOK = declare(r"KV cache size: (?P<t>[\d,]+) tokens", "KV cache size: ")
+_KV_OLD = declare(
+    r"the rest of the memory reserved for KV Cache is (?P<g>-?[\d.]+) ?GiB", "reserved for KV Cache"
 )
-_FREE_ON_DEVICE = re.compile(
-    r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<tot>[\d.]+) GiB\)"
+_PLATFORM = declare(r"^Automatically detected platform (?P<p>\w+)\.", "detected platform")
+_CUDA_OOM = declare(
+    r"GPU (?P<idx>\d+) has a total capac(?:i)?ty of (?P<tot>[\d.]+ [KMG]iB) of which (?P<free>[\d.]+ [KMG]iB) is free",
+    "has a total capac",
 )
-_GPU_NAME = re.compile(
-    r"(?:Your (?P<a>.+?) GPU has compute capability|device '(?P<b>[^']+)' \(with compute capability"
-    r"|GPU \d+: (?P<c>NVIDIA [^,(]+))"
+_FREE_ON_DEVICE = declare(
+    r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<tot>[\d.]+) GiB\)", "Free memory on device"
 )
-_WSL = re.compile(
-    r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2"
+_GPU_NAME = declare(
+    r"(?:Your (?P<a>.{1,120}?) GPU has compute capability|device '(?P<b>[^']+)' \(with compute capability"
+    r"|GPU \d+: (?P<c>NVIDIA [^,(]+))",
+    "compute capability",
+    ": NVIDIA ",
 )
-_READY = re.compile(r"^(?:Application startup complete|Uvicorn running on )")
-_SERVED = re.compile(r'"(?:POST|GET) /v1/(?:chat/)?completions HTTP/1\.[01]" 200')
-_SERVING_SETUP = re.compile(
+_WSL = declare(
+    r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2", "WSL"
+)
+_SERVED = declare(
+    r'"(?:POST|GET) /v1/(?:chat/)?completions HTTP/1\.[01]" 200', "/completions HTTP/1.", until_served=True
+)
+_SERVING_SETUP = declare(
     r"^(?:Available routes are|Route: /v1/|Started server process|Waiting for application startup"
-    r"|init engine \(profile, create kv cache, warmup model\) took|Starting vLLM (?:API )?server)"
+    r"|init engine \(profile, create kv cache, warmup model\) took|Starting vLLM (?:API )?server)",
+    "Available routes are",
+    "Route: /v1/",
+    "Started server process",
+    "Waiting for application startup",
+    "init engine (profile",
+    "Starting vLLM",
 )
-_COPY_OFFLOAD = re.compile(r"Falling back to standard CPU offloading")
-_SHUTDOWN = re.compile(r"^(?:Application shutdown complete|Shutting down|Finished server process)")
-_FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<fn>[\w<>]+)')
+_COPY_OFFLOAD = declare(r"Falling back to standard CPU offloading", "standard CPU offloading")
+_SHUTDOWN = declare(
+    r"^(?:Application shutdown complete|Shutting down|Finished server process)",
+    "Application shutdown complete",
+    "Shutting down",
+    "Finished server process",
+)
+# Python tracebacks, faulthandler dumps (no comma before "in") and frames whose start was cut off.
+_FRAME = declare(r'(?:^|File ")(?P<path>[^"]*)"?, line \d+,? in (?P<fn>[\w<>]+)', ", line ")
+_GPU_BLOCKS = declare(r"# (?:GPU|gpu|cuda) blocks: (?P<n>\d+)", "# GPU blocks", "# gpu blocks", "# cuda blocks")
+# The engine ran requests: V0/V1 throughput lines, an offline run's prompt progress past zero.
+_ENGINE_RUNNING = declare(
+    r"Avg prompt throughput: [\d.]+ tokens/s|^Processed prompts:\s+\d+%.*?\b[1-9]\d*/\d+ \[",
+    "Avg prompt throughput",
+    "Processed prompts:",
+    until_served=True,
+)
+# The engine finished start-up: graph capture done (V0 line, V1 progress bars at 100%).
+_ENGINE_UP = declare(
+    r"^Graph capturing finished in|^Capturing CUDA graphs \([^)]*\): 100%|^init engine \(profile, create kv cache",
+    "Graph capturing finished in",
+    "Capturing CUDA graphs (",
+    "init engine (profile",
+)
 
 # Traceback frames and log lines that say which start-up phase a failure belongs to.
 PHASE_FRAMES = {
@@ -124,37 +184,117 @@ PHASE_FRAMES = {
     "runtime": ("execute_model", "sample_tokens", "step", "_process_engine_step", "run_busy_loop"),
 }
 _FRAME_PHASE = {fn: phase for phase, fns in PHASE_FRAMES.items() for fn in fns}
-_PHASE_LINES = (
+# Start-up phases in order, shared by analyze (key: rules' `phase` / `error_phase`) and by
+# compare's live display (display). A row with key None only moves the display.
+PHASE_TABLE: tuple[tuple[str | None, str, Declared], ...] = (
     (
-        re.compile(
-            r"^(?:Starting to load model|Loading model from scratch|Loading weights|Loading safetensors)"
+        None,
+        "starting",
+        declare(r"^non-default args:|Initializing an? (?:V1 )?LLM engine", "non-default args:", "LLM engine"),
+    ),
+    (
+        "loading",
+        "loading weights",
+        declare(
+            r"^(?:Starting to load model|Loading model from scratch|Loading weights|Loading safetensors)",
+            *("Starting to load model", "Loading model from scratch", "Loading weights", "Loading safetensors"),
+        ),
+    ),
+    (
+        "loaded",
+        "loading weights",
+        declare(
+            r"^(?:Model loading took|Loading model weights took)",
+            "Model loading took",
+            "Loading model weights took",
+        ),
+    ),
+    (
+        None,
+        "torch.compile",
+        declare(
+            r"Dynamo bytecode transform|Compiling a graph|torch\.compile took",
+            *("Dynamo bytecode transform", "Compiling a graph", "torch.compile took"),
+        ),
+    ),
+    (
+        "profiling",
+        "profiling",
+        declare(
+            r"(?i)memory profiling|^Memory profiling takes|^Initial profiling/warmup run"
+            r"|^Profiling CUDA graph memory",
+            *("memory profiling", "initial profiling/warmup run", "profiling cuda graph memory"),
+            icase=True,
+        ),
+    ),
+    (
+        "kv_cache",
+        "KV cache",
+        declare(
+            r"^(?:Available KV cache memory|GPU KV cache size|# GPU blocks|# cpu blocks)",
+            *("available kv cache memory", "gpu kv cache size", "# gpu blocks", "# cpu blocks"),
+            icase=True,
+            flags=re.I,
+        ),
+    ),
+    (
+        "graphs",
+        "CUDA graphs",
+        declare(
+            r"(?i)^(?:Capturing (?:CUDA graph|cudagraphs|the model for CUDA graphs)|Graph capturing finished)",
+            "capturing ",
+            "graph capturing finished",
+            icase=True,
+        ),
+    ),
+    (
+        None,
+        "starting API server",
+        declare(
+            r"^(?:init engine \(profile|Starting vLLM (?:API )?server|Available routes)",
+            *("init engine (profile", "Starting vLLM", "Available routes"),
+        ),
+    ),
+    (
+        "ready",
+        "ready",
+        declare(
+            r"^(?:Application startup complete|Uvicorn running on)",
+            "Application startup complete",
+            "Uvicorn running on",
+        ),
+    ),
+)
+CODE_HINTS = (
+    (
+        declare(
+            r"\blogits\b|sampler|topk_topp|\.sample\(|execute_model|generate\(",
+            *("logits", "sampler", "topk_topp", ".sample(", "execute_model", "generate("),
+        ),
+        "runtime",
+    ),
+    (
+        declare(
+            r"load_weights|weight_loader|load_model\(", "load_weights", "weight_loader", "load_model("
         ),
         "loading",
     ),
-    (re.compile(r"^(?:Model loading took|Loading model weights took)"), "loaded"),
-    (re.compile(r"(?i)memory profiling|^Memory profiling takes"), "profiling"),
-    (
-        re.compile(
-            r"^(?:Available KV cache memory|GPU KV cache size|# GPU blocks|# cpu blocks)", re.I
-        ),
-        "kv_cache",
-    ),
-    (
-        re.compile(
-            r"(?i)^(?:Capturing (?:CUDA graph|cudagraphs|the model for CUDA graphs)|Graph capturing finished)"
-        ),
-        "graphs",
-    ),
-    (re.compile(r"^(?:Application startup complete|Uvicorn running on)"), "ready"),
-)
-CODE_HINTS = (
-    (re.compile(r"\blogits\b|sampler|topk_topp|\.sample\(|execute_model|generate\("), "runtime"),
-    (re.compile(r"load_weights|weight_loader|load_model\("), "loading"),
-    (re.compile(r"cuda\.graph|capture"), "graphs"),
-    (re.compile(r"kv_cache"), "kv_cache"),
+    (declare(r"cuda\.graph|capture", "cuda.graph", "capture"), "graphs"),
+    (declare(r"kv_cache", "kv_cache"), "kv_cache"),
 )
 MAX_FRAMES = 5000
-PHASES = ("start", "loading", "loaded", "profiling", "kv_cache", "graphs", "ready", "runtime")
+MAX_FIRST_FRAMES = 1000
+_NOT_FED = (_FRAME, *(rx for rx, _ in CODE_HINTS))  # frames are replayed; hints read the context
+# Every word a fact pattern other than those needs: a line holding none of them (in its text,
+# which contains its message) changes no fact, whatever FactCollector.feed is asked.
+_FACT_WORDS = span_finder(
+    literal_matcher(
+        sorted(
+            {(w, d.icase) for d in declared()[_FIRST:] if d not in _NOT_FED for w in d.words}
+        )
+    )
+)
+PHASES = ("start", *dict.fromkeys(k for k, _, _ in PHASE_TABLE if k), "runtime")
 
 
 def _num(value: str) -> float | None:
@@ -178,23 +318,45 @@ class FactCollector:
     def __init__(self) -> None:
         self.facts = Facts()
         self.phase = "start"
-        self.frames: deque[tuple[int, str]] = deque(maxlen=MAX_FRAMES)
+        self.frames: deque[tuple[int, str, str]] = deque(maxlen=MAX_FRAMES)  # line, function, path
+        # The first frames too: a crash loop's later tracebacks must not push out the first one,
+        # which its findings' first evidence lines point at.
+        self.first_frames: list[tuple[int, str, str]] = []
+        self.frames_seen = 0
         self.served_requests = 0
         self.cli_args: dict[str, Any] = {}
         self.serving_setup = False
         self.args_evidence: tuple[int, str] | None = None
         self.copy_offload = False
+        # The line each number-valued fact came from: evidence for rules that rest on numbers.
+        self.number_lines: dict[str, tuple[int, str]] = {}
+
+    def add_frame(self, no: int, fn: str, path: str) -> None:
+        frame = (no, fn, path)
+        self.frames.append(frame)
+        if len(self.first_frames) < MAX_FIRST_FRAMES:
+            self.first_frames.append(frame)
+        self.frames_seen += 1
+
+    def all_frames(self) -> list[tuple[int, str, str]]:
+        """The first and the last frames, in order, each once."""
+        overlap = len(self.first_frames) + len(self.frames) - self.frames_seen
+        return [*self.first_frames, *list(self.frames)[max(0, overlap) :]]
+
+    def touches(self, text: str) -> bool:
+        """Whether a line with this text could change a fact other than the traceback frames."""
+        return _FACT_WORDS(text.encode(), 0) is not None
 
     def feed(self, line: Line) -> None:
         msg = line.msg
         f = self.facts
-        if msg.startswith("File "):
-            fm = _FRAME.match(msg)
+        if ", line " in msg:
+            fm = _FRAME.search(msg)
             if fm:
-                self.frames.append((line.no, fm.group("fn")))
-            return
-        for rx, phase in _PHASE_LINES:
-            if rx.search(msg):
+                self.add_frame(line.no, fm.group("fn"), fm.group("path"))
+                return
+        for phase, _, rx in PHASE_TABLE:
+            if phase and rx.search(msg):
                 if phase == "ready":
                     f.reached_ready = True
                 if PHASES.index(phase) > PHASES.index(self.phase):
@@ -212,8 +374,10 @@ class FactCollector:
         if _COPY_OFFLOAD.search(msg):
             f.offloader = f.offloader or "copy-per-forward fallback"
             self.copy_offload = True
-        if _SERVED.search(msg):
+        if _SERVED.search(msg) or _ENGINE_RUNNING.search(msg):
             self.served_requests += 1
+        if _ENGINE_UP.search(msg):
+            self.serving_setup = True
         if _SHUTDOWN.match(msg) and f.reached_ready:
             f.shut_down = True
 
@@ -238,11 +402,11 @@ class FactCollector:
         m = _NAMESPACE.match(msg)
         if m:
             self._apply_args(
-                {k: _literal(v) for k, v in re.findall(r"(\w+)=('[^']*'|[^,]+)", m.group("d"))}
+                {k: _literal(v) for k, v in _NS_ITEM.findall(m.group("d"))}
             )
             return
         if _ENGINE_CFG.search(msg):
-            for cm in _CFG_ITEM.finditer(msg):
+            for cm in _CFG_ITEM.finditer(msg[:MAX_TEXT]):
                 k, v = cm.group("k"), cm.group("v").strip("'")
                 if k == "device_config" and v == "cpu":
                     f.device_cpu = True
@@ -259,10 +423,10 @@ class FactCollector:
             return
         if _CLI.search(line.text):
             args: dict[str, Any] = {}
-            for fm in _CLI_FLAG.finditer(line.text):
+            for fm in _CLI_FLAG.finditer(line.text[:MAX_TEXT]):
                 key = fm.group("k").replace("-", "_")
                 args[key] = _literal(fm.group("v")) if fm.group("v") else True
-            for km in _PY_KW.finditer(line.text):
+            for km in _PY_KW.finditer(line.text[:MAX_TEXT]):
                 args[km.group("k")] = _literal(km.group("v"))
             if args:
                 self.cli_args.update(args)
@@ -315,7 +479,9 @@ class FactCollector:
                 f.model_loading_gib = (
                     gib if f.model_loading_gib is None else max(f.model_loading_gib, gib)
                 )
-            if m.re is _LOADING and not m.group("mem") and f.model_runner == "unknown":
+            if m.re is _LOADING.rx:
+                f.loading_says_memory = bool(m.group("mem"))
+            if m.re is _LOADING.rx and not m.group("mem") and f.model_runner == "unknown":
                 # V2 spells it without "memory" in 0.12-0.27.1; V1 did so only up to 0.11.
                 f.model_runner_evidence = f"{line.no}: {msg}"
                 f.model_runner = "v2?"
@@ -323,6 +489,12 @@ class FactCollector:
         m = _KV_MEM.match(msg) or _KV_OLD.search(msg)
         if m:
             f.kv_cache_gib = _num(m.group("g"))
+            self.number_lines.setdefault("kv_cache_gib", (line.no, line.text[:600]))
+            return
+        m = _GPU_BLOCKS.search(msg)
+        if m:
+            f.gpu_blocks = int(m.group("n"))
+            self.number_lines.setdefault("gpu_blocks", (line.no, line.text[:600]))
             return
         m = _KV_TOK.search(msg)
         if m:
@@ -393,6 +565,9 @@ class FactCollector:
         if args.get("device") == "cpu":
             f.device_cpu = True
         f.enable_lora = bool(args.get("enable_lora"))
+        block = _float(args.get("block_size"))
+        if block is not None:
+            f.block_size = int(block)
         if isinstance(args.get("quantization"), str):
             f.quantization = args["quantization"]
         if f.reached_ready or self.served_requests:
@@ -400,6 +575,7 @@ class FactCollector:
         return f
 
 
+@functools.lru_cache(maxsize=16)  # a crash loop logs the same args on every restart
 def _parse_dict(text: str) -> dict[str, Any]:
     text = text.strip()
     try:

@@ -96,13 +96,22 @@ class Facts:
     quantization: str | None = None
     model_runner: str = "unknown"  # v1 | v2 | unknown
     model_runner_evidence: str | None = None
+    # 'Model loading took X GiB memory and': V1 from 0.12, V2 from 0.28; without "memory": V2
+    # 0.12-0.27.1 (or V1 up to 0.11).
+    loading_says_memory: bool | None = None
     offloader: str | None = None
     offloaded_gib: float | None = None  # largest per rank
     prefetch_saved_gb: float | None = None
     model_loading_gib: float | None = None
     kv_cache_gib: float | None = None
     kv_cache_tokens: int | None = None
+    gpu_blocks: int | None = None  # '# GPU blocks: N' (V0)
+    block_size: int | None = None
     gpu_name: str | None = None
+    torch_version: str | None = None  # from pasted collect-env / pip list / check output
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    pasted_reports: list[str] = field(default_factory=list)  # kinds of pasted blocks seen
     gpu_total_gib: float | None = None
     gpu_free_gib: float | None = None
     wsl: bool = False

@@ -7,44 +7,29 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-# (phase, pattern); the latest phase whose pattern appeared wins. Order = startup order.
-PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("starting", re.compile(r"non-default args:|Initializing a V1 LLM engine")),
-    (
-        "loading weights",
-        re.compile(
-            r"Starting to load model|Loading model from scratch|Loading safetensors checkpoint"
-            r"|Loading weights took|Model loading took"
-        ),
-    ),
-    (
-        "torch.compile",
-        re.compile(r"Dynamo bytecode transform|Compiling a graph|torch\.compile took"),
-    ),
-    ("profiling", re.compile(r"Initial profiling/warmup run|Profiling CUDA graph memory")),
-    ("KV cache", re.compile(r"Available KV cache memory|KV cache size:")),
-    ("CUDA graphs", re.compile(r"Capturing CUDA graphs|Graph capturing finished")),
-    (
-        "starting API server",
-        re.compile(r"init engine \(profile|Starting vLLM server on|Available routes"),
-    ),
-    ("ready", re.compile(r"Application startup complete")),
-)
+from vllm_offload_doctor.facts import PHASE_TABLE
+from vllm_offload_doctor.normalize import parse
+from vllm_offload_doctor.patterns import MAX_TEXT
+
 FAILED = re.compile(
     r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
     r"|^(?:\(\S+ pid=\d+\) )?\w*(?:Error|Exception): "
 )
-_ORDER = {name: i for i, (name, _) in enumerate(PHASES)}
+# Display names in start-up order, from the phase table analyze uses too.
+PHASES = tuple(dict.fromkeys(name for _, name, _ in PHASE_TABLE))
+_ORDER = {name: i for i, name in enumerate(PHASES)}
 
 
 def phase_of(line: str, current: str) -> str:
     """The phase after seeing `line` (never goes backwards, except to `failed`)."""
+    line = line[:MAX_TEXT]
     if FAILED.search(line):
         return "failed"
     if current == "failed":
         return current
-    for name, pat in reversed(PHASES):
-        if pat.search(line):
+    msg = parse(0, line).msg
+    for _, name, rx in reversed(PHASE_TABLE):
+        if rx.search(msg):
             return name if _ORDER[name] >= _ORDER.get(current, 0) else current
     return current
 

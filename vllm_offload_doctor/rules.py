@@ -9,6 +9,7 @@ a one-line RuleFileError naming the file and the key.
 from __future__ import annotations
 
 import importlib.resources
+import re
 import string
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -22,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor.errors import RuleFileError
 from vllm_offload_doctor.model import Category, Severity
+from vllm_offload_doctor.patterns import Bounded
 
 MATCH_TIMEOUT_S = 0.05
 
@@ -67,6 +69,8 @@ CONDITION_FACTS = frozenset(
         "model_loading_gib",
         "kv_cache_gib",
         "kv_cache_tokens",
+        "gpu_blocks",
+        "block_size",
         "gpu_name",
         "gpu_total_gib",
         "gpu_free_gib",
@@ -83,6 +87,11 @@ CONDITION_FACTS = frozenset(
         "fatal_after_ready",
         "copy_offload",
         "serving_setup",
+        "kv_tokens",
+        "kv_short",
+        "kv_numbers",
+        "loading_says_memory",
+        "undated_v2_unfixed",
     }
 )
 
@@ -241,7 +250,7 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
     compiled = []
     for i, pattern in enumerate(patterns):
         try:
-            compiled.append(regex.compile(pattern))
+            compiled.append(Bounded(pattern))  # linear (RE2) where it can be
         except regex.error as exc:
             raise _fail(path, f"patterns[{i}]", f"bad regex: {exc}") from None
     keywords = _strings(path, data, "keywords")
@@ -355,15 +364,30 @@ def _cases(path: Path, raw: Any) -> tuple[Case, ...]:
     return tuple(cases)
 
 
-class _SafeDict(dict[str, Any]):
-    def __missing__(self, key: str) -> str:
-        return "?"
+_SEGMENT = re.compile(r"\[\[(.*?)\]\]", re.S)
+_FIELD = re.compile(r"(?<!\{)\{(\w+)[^{}]*\}(?!\})")
 
 
 def render_message(template: str, groups: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
-    values = _SafeDict({k: v for k, v in facts.items() if v is not None})
-    values.update({k: v for k, v in groups.items() if v is not None})
+    """Fill `{fact}` fields; a `[[...]]` segment appears only when every field in it is known.
+
+    A field outside any segment that the log does not give is left out with its word gap, never
+    shown as a placeholder (messages are written so that each such field sits in a segment).
+    """
+    values = {k: v for k, v in facts.items() if v is not None and v != ""}
+    values.update({k: v for k, v in groups.items() if v is not None and v != ""})
+
+    def known(text: str) -> bool:
+        return all(f in values for f in _FIELD.findall(text))
+
+    text = _SEGMENT.sub(lambda m: m.group(1) if known(m.group(1)) else "", template)
+    text = _FIELD.sub(lambda m: m.group(0) if m.group(1) in values else "", text)
     try:
-        return string.Formatter().vformat(template, (), values)
+        return string.Formatter().vformat(text, (), values)
     except (KeyError, IndexError, ValueError, AttributeError):
-        return template
+        return _FIELD.sub("", text)
+
+
+def fields_outside_segments(template: str) -> list[str]:
+    """Fields that would vanish without a segment around them (rule files must have none)."""
+    return _FIELD.findall(_SEGMENT.sub("", template))

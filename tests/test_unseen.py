@@ -1,0 +1,84 @@
+"""Logs written for this test from vLLM's source messages, in versions, collectors and wordings
+the rules were not built on (journald + CRLF, docker compose, Ray `(pid=, ip=)`, k8s ISO time,
+ANSI, V0 and V2 runners): the failure class must still be named, and offload never falsely
+`ignored`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_offload_doctor.analyze import analyze_file, analyze_lines
+
+HERE = Path(__file__).parent / "unseen"
+
+CASES = {
+    # name: (category, rule or None, offload status, words the summary must hold)
+    "wsl2-pinned-crlf-journald.log": ("wsl", "WSL001", None, ()),
+    "ray-actor-died.log": ("unknown", None, "not_requested", ("died without raising", "OOM killer")),
+    "kv-offload-lmcache-oom.log": ("oom_weights", "OOM003", "not_requested", ("KV-cache offloading", "LMCache")),
+    "v0-docker-kv-blocks.log": ("oom_kv_cache", None, "not_requested", ()),
+    "worker-died-exit-9.log": ("unknown", None, "effective", ("2 x --cpu-offload-gb", "about 96 GiB")),
+    "hf-gated-ray-prefix.log": ("model_download", "DL001", "not_requested", ()),
+    "uva-not-available-v2-wsl.log": ("offload_error", "OFF006", None, ()),
+    "graph-capture-oom-0.33.log": ("oom_runtime", "OOM004", "not_requested", ("CUDA-graph",)),
+    "v0-profile-run-oom-0.4.log": ("oom_runtime", "OOM004", "not_requested", ()),
+    "nccl-after-oom.log": ("oom_weights", "OOM003", "not_requested", ()),
+    "engine-dead-wrapper-only.log": ("unknown", None, "not_requested", ()),
+    "healthy-v2-offload-0.33.log": ("healthy", None, "effective", ("10.00 GiB",)),
+    "offline-llm-finished-0.8.log": ("healthy", None, "not_requested", ()),
+    "ray-v0-negative-kv-budget.log": ("oom_kv_cache", None, "not_requested", ()),
+    "wsl-warning-only-0.33.log": ("unknown", None, "not_requested", ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_unseen_log(name: str) -> None:
+    category, rule, offload, words = CASES[name]
+    path = HERE / name
+    a = analyze_file(path)
+    b = analyze_lines(path.read_bytes().decode("utf-8").split("\n"))
+    assert a.verdict.category.value == b.verdict.category.value == category
+    if rule is not None:
+        assert a.verdict.rule_id == rule
+    if offload is not None:
+        assert a.offload.status.value == offload
+    assert a.offload.status.value != "ignored"
+    for word in words:
+        assert word in a.verdict.summary
+    # Every failure verdict shows the lines it rests on.
+    if category != "healthy" and (category != "unknown" or a.verdict.severity.value == "error"):
+        assert (a.findings and a.findings[0].evidence) or a.notable
+
+
+def test_the_directory_holds_only_the_listed_logs() -> None:
+    assert sorted(p.name for p in HERE.iterdir()) == sorted(CASES)
+
+
+def test_version_in_the_v2_window_without_runner_evidence_is_not_ignored() -> None:
+    path = Path(__file__).parent.parent / "fixtures/rules/OFF001/v0.25-no-runner-evidence.log"
+    a = analyze_file(path)
+    assert a.offload.status.value == "unknown"
+    assert "does not say which runner ran" in a.offload.explanation
+
+
+def test_kv_offloading_size_is_not_weight_offload() -> None:
+    a = analyze_lines(
+        [
+            "(APIServer pid=9) INFO 10-02 10:00:00 [api_utils.py:297] vLLM server version 0.30.0, serving model m",
+            "(APIServer pid=9) INFO 10-02 10:00:00 [api_utils.py:286] non-default args: {'model_tag': 'm', "
+            "'kv_offloading_size': 64.0, 'max_model_len': 131072}",
+            "(EngineCore pid=80) ERROR 10-02 10:01:00 [core.py:1500] ValueError: To serve at least one request "
+            "with the model's max seq len (131072), (16.00 GiB KV cache is needed, which is larger than the "
+            "available KV cache memory (3.10 GiB).",
+        ]
+    )
+    assert a.verdict.category.value == "oom_kv_cache"
+    assert "--kv-offloading-size 64.0" in a.verdict.summary and "weight offloading" in a.verdict.summary
+    assert a.offload.status.value == "not_requested"
+
+
+def test_no_kv_offload_note_without_kv_offloading() -> None:
+    a = analyze_lines(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB."])
+    assert "KV-cache offloading" not in a.verdict.summary

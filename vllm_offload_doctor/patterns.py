@@ -1,0 +1,218 @@
+"""Declared log patterns: a regex together with the literal words every match contains.
+
+The words do two jobs. analyze's prefilter passes only lines that hold one of them, and the
+pattern itself runs only on text that holds one. A missing word therefore breaks the fact on
+every path (a test built on `analyze_lines` notices), not only when a big file is prefiltered.
+
+Every declared pattern sees at most MAX_TEXT characters of a line, so even a pattern that
+backtracks costs a bounded time per line; bench/bench_hostile.py measures the worst case.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+# A vLLM record longer than this (a huge `non-default args` dict) is read from its start only.
+MAX_TEXT = 16_384
+
+
+class Declared:
+    """A compiled pattern, gated by its words and bounded to MAX_TEXT characters."""
+
+    __slots__ = ("icase", "rx", "until_served", "words")
+
+    def __init__(
+        self, rx: re.Pattern[str], words: tuple[str, ...], icase: bool, until_served: bool
+    ):
+        self.rx = rx
+        self.words = words
+        self.icase = icase  # the words are matched ignoring case
+        self.until_served = until_served  # the prefilter drops the words once a request was served
+
+    def _gate(self, text: str) -> str | None:
+        text = text[:MAX_TEXT]
+        hay = text.lower() if self.icase else text
+        for word in self.words:
+            if word in hay:
+                return text
+        return None
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return _memo(_SEARCHED, self, text)
+
+    def match(self, text: str) -> re.Match[str] | None:
+        return _memo(_MATCHED, self, text)
+
+    def finditer(self, text: str) -> Iterator[re.Match[str]]:
+        t = self._gate(text)
+        return iter(()) if t is None else self.rx.finditer(t)
+
+    def __repr__(self) -> str:
+        return f"Declared({self.rx.pattern!r}, words={self.words!r})"
+
+
+# Results per text, so a line that repeats (a crash loop prints the same start-up and traceback
+# again and again) is matched once: text -> {pattern: match}. Bounded, and pure.
+_SEARCHED: dict[str, dict[Declared, re.Match[str] | None]] = {}
+_MATCHED: dict[str, dict[Declared, re.Match[str] | None]] = {}
+MEMO_TEXTS = 1024
+MEMO_TEXT_LEN = 4096
+
+
+def _memo(
+    memo: dict[str, dict[Declared, re.Match[str] | None]], d: Declared, text: str
+) -> re.Match[str] | None:
+    results = memo.get(text)
+    if results is None:
+        if len(text) > MEMO_TEXT_LEN:
+            t = d._gate(text)
+            return None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
+        if len(memo) >= MEMO_TEXTS:
+            memo.clear()
+        results = memo[text] = {}
+    elif d in results:
+        return results[d]
+    t = d._gate(text)
+    found = None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
+    results[d] = found
+    return found
+
+
+_DECLARED: list[Declared] = []
+_WORDS: list[tuple[str, bool, bool]] = []  # words needed by code that tests more than patterns
+
+
+def declare(
+    pattern: str, *words: str, icase: bool = False, until_served: bool = False, flags: int = 0
+) -> Declared:
+    """Compile `pattern`; `words` are literals of which every match contains at least one."""
+    if not words or not all(words):
+        raise ValueError(f"pattern {pattern!r} needs its literal words")
+    kept = tuple(w.lower() for w in words) if icase else tuple(words)
+    d = Declared(re.compile(pattern, flags), kept, icase, until_served)
+    _DECLARED.append(d)
+    return d
+
+
+def declare_words(*words: str) -> None:
+    """Words the engine needs for checks that are not patterns (a log level, a prefix)."""
+    _WORDS.extend((w, False, False) for w in words)
+
+
+def declared() -> tuple[Declared, ...]:
+    return tuple(_DECLARED)
+
+
+def prefilter_words(*, served: bool = False) -> list[tuple[str, bool]]:
+    """(word, ignore case) for every declared word; `served`: leave out the until-served ones."""
+    out = {(w, False) for w, _, _ in _WORDS}
+    for d in _DECLARED:
+        if served and d.until_served:
+            continue
+        out.update((w, d.icase) for w in d.words)
+    return sorted(out, key=lambda wi: (-len(wi[0]), wi))
+
+
+def literal_matcher(words: Sequence[tuple[str, bool]]) -> Any:
+    """One pattern that finds any of the literal words (word, ignore case) in bytes.
+
+    RE2 scans an alternation of ~150 literals with a DFA at a few hundred MB/s; Python's `re`
+    tries every alternative at every position (a few MB/s), so it is only the fallback.
+    """
+    pattern = b"|".join(
+        b"(?i:" + re.escape(w.encode()) + b")" if icase else re.escape(w.encode())
+        for w, icase in words
+    )
+    try:
+        import re2
+
+        return re2.compile(pattern)
+    except Exception:  # not installed on this platform, or a pattern RE2 refuses
+        return re.compile(pattern)
+
+
+def span_finder(rx: Any) -> Callable[[bytes, int], tuple[int, int] | None]:
+    """`rx.search(data, pos)` reduced to the span of the match, or None.
+
+    With RE2 this calls its matcher directly: the Python wrapper builds a Match object per call,
+    which costs four times the scan of a log line when nearly every line is a candidate.
+    """
+    try:
+        import re2
+
+        match, anchor = rx._regexp.Match, re2._Anchor.UNANCHORED
+        match(anchor, b"", 0, 0)
+    except Exception:  # the `re` fallback, or a google-re2 without these internals
+
+        def find(data: bytes, pos: int) -> tuple[int, int] | None:
+            m = rx.search(data, pos)
+            return None if m is None else m.span()
+
+        return find
+
+    def find_re2(data: bytes, pos: int) -> tuple[int, int] | None:
+        span = match(anchor, data, pos, len(data))[0]
+        return None if span[0] < 0 else span
+
+    return find_re2
+
+
+# -- rule and knowledge patterns ---------------------------------------------------------------
+
+DEFAULT_TIMEOUT_S = 0.05
+
+
+class Bounded:
+    """A rule or knowledge pattern that costs linear time: RE2 when it can express the pattern,
+    else `regex` under a timeout. Either way it sees at most MAX_TEXT characters of a line.
+
+    RE2 has no look-around or back-references; the few patterns that need them keep `regex`,
+    whose timeouts are counted in `timeouts`.
+    """
+
+    __slots__ = ("_re2", "pattern", "rx", "timeouts")
+
+    def __init__(self, pattern: str) -> None:
+        import regex
+
+        self.pattern = pattern
+        self.rx = regex.compile(pattern)  # raises regex.error for the rule file's message
+        self._re2 = _re2_compile(pattern)
+        self.timeouts = 0
+
+    @property
+    def linear(self) -> bool:
+        return self._re2 is not None
+
+    def search(self, text: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> Any:
+        return self._run(True, text, timeout)
+
+    def match(self, text: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> Any:
+        return self._run(False, text, timeout)
+
+    def _run(self, search: bool, text: str, timeout: float | None) -> Any:
+        text = text[:MAX_TEXT]
+        if self._re2 is not None:
+            return self._re2.search(text) if search else self._re2.match(text)
+        try:
+            run = self.rx.search if search else self.rx.match
+            return run(text, timeout=timeout)
+        except TimeoutError:
+            self.timeouts += 1  # counted, never raised: a clue or rule is then missing, not the run
+            return None
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.pattern!r}, re2={self.linear})"
+
+
+def _re2_compile(pattern: str) -> Any:
+    try:
+        import re2
+
+        options = re2.Options()
+        options.log_errors = False
+        return re2.compile(pattern, options)
+    except Exception:  # no RE2 here, or a look-around / back-reference it cannot express
+        return None

@@ -1,0 +1,58 @@
+"""Lines that repeat an earlier one but for pid and time: a crash-looping pod's log.
+
+A pod that restarts prints the same start-up and traceback again and again, with new pids and
+timestamps. The first time a line is seen, the engine processes it in full and notes what it
+did (a plan). A later line with the same key, when the plan says that line only appends to
+bounded line-number lists (a traceback frame, a notable error line, a rule hit's evidence),
+is replayed from the plan without parsing or matching it again. Lines that set facts, name a
+wrapper or a death are processed in full every time, so the result is the same either way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# vLLM's record prefix: process and pid, then (when logged) level, date and time.
+_HEAD = re.compile(
+    r"\((?P<proc>[\w:]+) pid=\d+\) (?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? )?"
+)
+MAX_KEY = 16_384  # longer lines are always processed in full (and not remembered)
+MEMO_CHARS = 2_000_000  # characters of distinct lines remembered; then the memory starts again
+
+
+def key(raw: str) -> str | None:
+    """The line without its pid and time (the whole line when it has no vLLM prefix)."""
+    if len(raw) > MAX_KEY:
+        return None
+    m = _HEAD.match(raw)
+    if m is None:
+        return raw
+    return f"{m.group('proc')}\0{m.group('level') or ''}\0{raw[m.end() :]}"
+
+
+class Memo(dict[Any, Any]):
+    """A dict that forgets everything once its keys add up to MEMO_CHARS characters."""
+
+    chars = 0
+
+    def remember(self, key: Any, size: int, value: Any) -> None:
+        if self.chars + size > MEMO_CHARS:
+            self.clear()
+            self.chars = 0
+        self[key] = value
+        self.chars += size
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What processing a line did, replayable for a later line with the same key."""
+
+    msg: str
+    frame: tuple[str, str] | None  # (function, path) appended to the collector's frames
+    frame_entry: Any  # the knowledge's frame entry the clues noted for it, or None
+    notable: bool  # listed among the notable lines
+    rules: tuple[str, ...]  # ids of the rules whose patterns matched
+    reports: tuple[Any, ...]  # the pasted-report reader's state it was seen in

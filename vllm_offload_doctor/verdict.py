@@ -1,0 +1,157 @@
+"""Verdict policy beyond the rules: the failing frame, wrappers, an engine that died silently.
+
+Rules read exception lines. When none decides, the innermost frame of a single-purpose
+subsystem (rules/maps/frames.toml) names the category; when no exception is visible but the
+engine process died (killed, signal, Ray actor gone), the verdict says so and how to confirm an
+OOM kill; a wrapper line (`Engine core initialization failed`) is never the evidence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, FrameEntry, Knowledge
+from vllm_offload_doctor.model import Category, Evidence, Facts, Finding, Severity, Verdict
+from vllm_offload_doctor.normalize import Line
+from vllm_offload_doctor.rules import Rule, render_message
+
+_METHOD = re.compile(r"while processing method (\w+)")
+
+
+@dataclass(slots=True)
+class Clues:
+    """Bounded clues gathered while lines stream past."""
+
+    frame: tuple[Evidence, FrameEntry] | None = None  # innermost mapped frame seen last
+    deaths: list[Evidence] = field(default_factory=list)
+    wrappers: deque[Evidence] = field(default_factory=lambda: deque(maxlen=2))
+    # 'Exception in worker X while processing method load_model': the phase of a worker failure.
+    methods: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=8))
+
+    def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
+        """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
+        msg = line.msg
+        if frames and frames[-1][0] == line.no:
+            _, fn, path = frames[-1]
+            entry = know.frame_entry(fn, path)
+            if entry is not None:
+                self.frame = (Evidence(line.no, line.text[:400]), entry)
+            return False
+        if "(" in msg:
+            m = know.call_pattern.match(msg)
+            if m:
+                entry = know.call_entry(m.group("fn"))
+                if entry is not None:
+                    self.frame = (Evidence(line.no, line.text[:400]), entry)
+                    return False
+        if "while processing method" in msg:
+            m = _METHOD.search(msg)
+            if m:
+                self.methods.append((line.no, m.group(1)))
+        if any(k in msg for k in know.death_keywords) and know.deaths.search(msg):
+            # A death (killed, exit -9, Ray's ActorDiedError) says the process is gone, not why.
+            if len(self.deaths) < 3:
+                self.deaths.append(Evidence(line.no, line.text[:400]))
+            return True
+        if any(k in msg for k in know.wrapper_keywords) and know.wrappers.search(msg):
+            self.wrappers.append(Evidence(line.no, line.text[:400]))
+            return True
+        return False
+
+
+def frame_finding(
+    clues: Clues, rules: Sequence[Rule], values: dict[str, Any], exception: Evidence | None
+) -> Finding | None:
+    """A finding from the failing frame, explained by the rule its map entry names."""
+    if clues.frame is None:
+        return None
+    evidence, entry = clues.frame
+    rule = next((r for r in rules if r.id == entry.rule), None)
+    if rule is None:
+        return None
+    shown = [evidence] if exception is None else sorted([evidence, exception], key=lambda e: e.line)
+    where = f"The failing frame lies in {entry.id.replace('-', ' ')} code ({entry.source.split(';')[0]}). "
+    return Finding(
+        rule_id=rule.id,
+        title=rule.title,
+        severity=rule.severity,
+        category=entry.category,
+        message=where + render_message(rule.message, {}, values),
+        remedy=render_message(rule.remedy, {}, values),
+        links=rule.links,
+        evidence=tuple(shown),
+        precedence=FRAME_PRECEDENCE,
+    )
+
+
+def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
+    """The engine process died without an exception of its own."""
+    if not clues.deaths:
+        return None
+    summary = (
+        "the engine process died without raising an exception (killed by a signal, 'Killed', "
+        "'died unexpectedly', exit -9 or a Ray actor gone); the log cannot show why"
+    )
+    offload = facts.cpu_offload_gb or 0
+    if offload > 0:
+        summary += (
+            f". With --cpu-offload-gb {offload:g} the usual cause is the kernel's OOM killer: pinned "
+            f"host memory can take up to 2 x --cpu-offload-gb per GPU (about {2 * offload:g} GiB each)"
+        )
+    else:
+        summary += "; the usual cause is the kernel's OOM killer (host RAM or the container limit)"
+    return Verdict(
+        Category.UNKNOWN,
+        None,
+        "The engine died without an exception",
+        summary,
+        Severity.ERROR,
+        "Confirm an OOM kill with `dmesg -T | grep -i -E 'killed process|oom'` or `journalctl -k`; "
+        "check the container's memory limit, lower --cpu-offload-gb or add host RAM, and run "
+        "`offload-doctor check --offload-gb X` for the pinned-memory budget.",
+    )
+
+
+_KV_OFFLOAD_CONNECTOR = re.compile(r"\b\w*OffloadingConnector|LMCache\w*")  # \b: linear
+
+
+def kv_offload_in(facts: Facts) -> str | None:
+    """The KV-cache offloading a log shows (a different feature from weight offloading), if any."""
+    args = facts.args
+    if (args.get("kv_offloading_size") or 0) not in (0, "0", None, False):
+        return f"--kv-offloading-size {args['kv_offloading_size']}"
+    for key in ("kv_transfer_config", "kv_offloading_backend"):
+        value = str(args.get(key) or "")
+        m = _KV_OFFLOAD_CONNECTOR.search(value)
+        if m:
+            return f"--{key.replace('_', '-')} ({m.group(0)})"
+    return None
+
+
+def with_kv_offload_note(final: Verdict, facts: Facts) -> Verdict:
+    """Say that KV-cache offloading, when the log shows it, never fixes a weight OOM."""
+    kv = kv_offload_in(facts)
+    if kv is None or not final.category.value.startswith("oom"):
+        return final
+    note = (
+        f" KV-cache offloading is configured ({kv}): it moves KV blocks to host RAM, a different "
+        "feature from weight offloading; it never reduces the weights' GPU memory nor fixes an OOM "
+        "while loading them (that is --cpu-offload-gb)."
+    )
+    return replace(final, summary=final.summary.rstrip() + note)
+
+
+def first_cause(findings: list[Finding]) -> list[Finding]:
+    """A communication error after an out-of-memory error is the OOM's aftermath (the ranks that
+    did not crash lose their peer while shutting down): the OOM comes first."""
+    if not findings or findings[0].category is not Category.DISTRIBUTED or not findings[0].evidence:
+        return findings
+    dist_line = findings[0].evidence[0].line
+    for i, f in enumerate(findings[1:], start=1):
+        if f.category.value.startswith("oom") and f.evidence and f.evidence[0].line < dist_line:
+            return [f, *findings[:i], *findings[i + 1 :]]
+    return findings
