@@ -37,6 +37,7 @@ _OPTIONAL = (
     "cases",
     "aliases",
     "summary",
+    "vllm_messages",
 )
 _WHEN_KEYS = ("all", "any", "absent")
 _CASE_KEYS = ("log", "expect", "note")
@@ -158,6 +159,8 @@ class Rule:
     links: tuple[str, ...]
     cases: tuple[Case, ...]
     source: Path
+    # Regexes naming vLLM messages (in the catalogue) a rule reads through its conditions.
+    vllm_messages: tuple[Any, ...] = ()
 
     def conditions_hold(self, facts: Mapping[str, Any]) -> bool:
         if not all(c.holds(facts) for c in self.all):
@@ -244,6 +247,7 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
             compiled.append(regex.compile(pattern))
         except regex.error as exc:
             raise _fail(path, f"patterns[{i}]", f"bad regex: {exc}") from None
+    cited = _compile(path, "vllm_messages", _strings(path, data, "vllm_messages"))
     keywords = _strings(path, data, "keywords")
     if patterns and not keywords:
         raise _fail(path, "keywords", "required with patterns: literal words every match contains")
@@ -289,7 +293,18 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
         links=tuple(links),
         cases=_cases(path, data.get("cases", [])),
         source=path,
+        vllm_messages=tuple(cited),
     )
+
+
+def _compile(path: Path, key: str, patterns: list[str]) -> list[Any]:
+    compiled = []
+    for i, pattern in enumerate(patterns):
+        try:
+            compiled.append(regex.compile(pattern))
+        except regex.error as exc:
+            raise _fail(path, f"{key}[{i}]", f"bad regex: {exc}") from None
+    return compiled
 
 
 def _strings(path: Path, data: Mapping[str, Any], key: str) -> list[str]:
