@@ -143,7 +143,7 @@ def _sources(r: object, lines: list[str] | None) -> dict[str, object]:
     cited = catalogue.cite(r, cat)
     if lines is not None:
         lines += catalogue.text_lines(r, cited, cat)
-    return {"vllm_source": catalogue.as_dict(cited, cat)}
+    return {"vllm_source": catalogue.as_dict(r, cited, cat)}
 
 
 def _rule_dict(r: object) -> dict[str, object]:
