@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Build vllm_offload_doctor/data/vllm-messages.json: the messages vLLM's own source raises and logs.
 
-    python scripts/vllm_catalogue.py                          # every version in VERSIONS
-    python scripts/vllm_catalogue.py --src-dir /work/vllm-src # reuse trees extracted there
-    python scripts/vllm_catalogue.py --versions 0.32.0 0.33.0 --out /tmp/x.json
+    python scripts/vllm_catalogue.py                            # build: every version in VERSIONS
+    python scripts/vllm_catalogue.py build --src-dir DIR        # reuse trees extracted in DIR
+    python scripts/vllm_catalogue.py build --check              # exit 1 if the data file is stale
+    python scripts/vllm_catalogue.py build --versions 0.32.0 0.33.0 --out /tmp/x.json
+    python scripts/vllm_catalogue.py query --grep offload       # read the catalogue, no network
+    python scripts/vllm_catalogue.py query --category oom_kv_cache --kind raise --since 0.20.0
+    python scripts/vllm_catalogue.py query --grep 'pinned' --format markdown
 
 For each version the released wheel is fetched with `pip download vllm==X --no-deps` (never imported,
 never installed), its .py files are unpacked into SRC_DIR/X/ and the wheel is deleted. The modules in
@@ -11,7 +15,13 @@ MODULES are read as text and parsed with `ast`; every `raise Cls(msg)`, `assert 
 `logger.<level>(msg, *args)` with a readable message becomes a template: literal text with `{name}`
 placeholders for f-string fields and %-format arguments (literal braces doubled, as in str.format).
 Each (template, kind, type, file) records the first and last version that has it and the line at
-the last one. Run it again to refresh the catalogue; never edit the JSON by hand.
+the last one. Output is sorted (file, line, template) and carries no timestamp, so the same wheels
+give the same bytes. Run it again to refresh the catalogue; never edit the JSON by hand. To add a
+release, append it to VERSIONS and run `build` (trees already in --src-dir are not fetched again).
+
+`query` lists catalogued messages (one block per template: each file that has it, with its first and
+last release), filtered by regex (`--grep`, case-insensitive, any of several), by a preset of the
+verdict categories (`--category`, see CATEGORIES), by kind, and by release range.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from message_templates import Found, extract
 from packaging.version import Version
@@ -96,6 +107,61 @@ MODULES = (
     "vllm/renderers/chat_utils/*.py",
     "vllm/device_allocator/*.py",
 )
+
+
+# Presets for `query --category`: a regex over "Class: template" and one over the file path. They
+# are for reading the catalogue while writing rules, deliberately wide; a human picks from the list.
+CATEGORIES: dict[str, tuple[str, str]] = {
+    "oom_kv_cache": (
+        r"KV cache|kv_cache|cache blocks|GPU blocks|num_gpu_blocks|max seq len|"
+        r"Maximum concurrency|block_size|KV Cache",
+        r"",
+    ),
+    "oom_weights": (
+        r"out of memory|OutOfMemory|not enough (?:GPU )?memory|Model loading took|"
+        r"Loading model weights took|weights? took|memory usage",
+        r"",
+    ),
+    "oom_gpu_util": (
+        r"gpu_memory_utilization|GPU memory utilization|Free memory on device|memory profiling|"
+        r"free memory|requested_memory|memory budget",
+        r"",
+    ),
+    "offload_error": (
+        r"offload|Offload|pinn?(?:ed)?[ _]memory|page-locked|\bUVA\b|\buva\b|must be pinned",
+        r"",
+    ),
+    "offload_ignored": (
+        r"V2 Model Runner|Model Runner V2|model runner|Offloader set|CPU offloaded|"
+        r"Loading model from scratch|Starting to load model|Model loading took",
+        r"",
+    ),
+    "bad_args": (
+        r"^(?:ValueError|TypeError|AssertionError|ArgumentTypeError|ArgumentError|"
+        r"VLLMValidationError|ValidationError|NotImplementedError): .*(?:must|should|not supported|"
+        r"invalid|Invalid|unsupported|Unsupported|cannot|expected|greater|less|exceed)",
+        r"^vllm/(?:config|engine/arg_utils|entrypoints/openai/cli_args|entrypoints/cli|config/)",
+    ),
+    "unsupported_gpu": (
+        r"compute capability|sm_\d|SM\d|[Bb]float16|not supported on (?:this|your|the current) "
+        r"(?:GPU|device|platform)|Volta|Turing|FlashAttention|no kernel image|GPU .*not supported",
+        r"",
+    ),
+    "distributed": (
+        r"NCCL|nccl|Ray|ray cluster|placement group|world_size|world size|rank|"
+        r"shared memory|shm|gloo|Gloo|process group|init_process_group|MASTER_|distributed",
+        r"",
+    ),
+    "model_download": (
+        r"huggingface|Hugging ?Face|HF_|hf_hub|hub|download|[Rr]epo(?:sitory)?\b|revision|"
+        r"snapshot|ModelScope|modelscope|safetensors|config\.json|gated|offline|local files?",
+        r"^vllm/(?:transformers_utils|model_executor/model_loader|config|engine/arg_utils)",
+    ),
+    "tokenizer_template": (
+        r"[Tt]okenizer|chat template|chat_template|[Jj]inja|ChatTemplate",
+        r"",
+    ),
+}
 
 
 @dataclass(slots=True)
@@ -218,22 +284,14 @@ def dump(doc: dict[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", nargs="+", default=list(VERSIONS))
-    cache_root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    parser.add_argument("--src-dir", type=Path, default=cache_root / "vllm-src")
-    parser.add_argument("--wheel-dir", type=Path, default=cache_root / "vllm-wheels")
-    parser.add_argument("--keep-wheels", action="store_true")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
+def build(args: argparse.Namespace) -> int:
     started = time.monotonic()
     cache: dict[str, list[Found]] = {}
     per_version = []
     for version in args.versions:
         try:
             tree = fetch(version, args.src_dir, args.wheel_dir, args.keep_wheels)
-        except (subprocess.CalledProcessError, OSError, zipfile.BadZipFile) as exc:
+        except (subprocess.CalledProcessError, OSError, zipfile.BadZipFile, IndexError) as exc:
             print(f"vllm_catalogue: {version}: skipped ({exc})", file=sys.stderr)
             continue
         per_version.append((version, scan(tree, cache)))
@@ -241,14 +299,160 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("vllm_catalogue: no version could be read", file=sys.stderr)
         return 2
     doc = document(merge(per_version), [v for v, _ in per_version])
+    text = dump(doc)
+    if args.check:
+        try:
+            current = args.out.read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"vllm_catalogue: {args.out}: {exc}", file=sys.stderr)
+            return 1
+        if current != text:
+            old = {json.dumps(m, sort_keys=True) for m in json.loads(current).get("messages", [])}
+            new = {json.dumps(m, sort_keys=True) for m in doc["messages"]}  # type: ignore[attr-defined]
+            print(
+                f"{args.out} is stale: {len(new - old)} entries to add or change, "
+                f"{len(old - new)} to remove; run scripts/vllm_catalogue.py build",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{args.out}: up to date ({doc['count']} messages, {len(per_version)} versions)")
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(dump(doc), encoding="utf-8")
+    args.out.write_text(text, encoding="utf-8")
     size = args.out.stat().st_size
     print(
         f"{args.out}: {doc['count']} messages from {len(per_version)} versions, "
         f"{size / 1024:.0f} KiB, {time.monotonic() - started:.0f} s"
     )
     return 0
+
+
+def select(
+    messages: Iterable[dict[str, Any]],
+    versions: Sequence[str],
+    *,
+    greps: Sequence[str] = (),
+    category: str | None = None,
+    kinds: Sequence[str] = (),
+    since: str | None = None,
+    until: str | None = None,
+) -> list[dict[str, Any]]:
+    """The catalogue entries a query asks for, in catalogue order."""
+    wanted = [re.compile(g, re.IGNORECASE) for g in greps]
+    text_re = file_re = None
+    if category is not None:
+        text_re, file_re = (re.compile(p) if p else None for p in CATEGORIES[category])
+    rank = {v: i for i, v in enumerate(versions)}
+    low = rank.get(since, -1) if since else -1
+    high = rank.get(until, len(versions)) if until else len(versions)
+    if since and since not in rank:
+        low = sum(Version(v) < Version(since) for v in versions)
+    if until and until not in rank:
+        high = sum(Version(v) <= Version(until) for v in versions) - 1
+    out = []
+    for m in messages:
+        shown = f"{m['type']}: {m['template']}"
+        if wanted and not any(w.search(shown) for w in wanted):
+            continue
+        if text_re is not None and not text_re.search(shown):
+            continue
+        if file_re is not None and not file_re.search(m["file"]):
+            continue
+        if kinds and m["kind"] not in kinds and m["type"] not in kinds:
+            continue
+        # Overlaps the asked range: last release at or after `since`, first at or before `until`.
+        if rank.get(m["last"], -1) < low or rank.get(m["first"], len(versions)) > high:
+            continue
+        out.append(m)
+    return out
+
+
+def grouped(messages: Iterable[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Entries by template, each template's entries newest first; templates by newest release,
+    then alphabetically."""
+    by_template: dict[str, list[dict[str, Any]]] = {}
+    for m in messages:
+        by_template.setdefault(m["template"], []).append(m)
+    for entries in by_template.values():
+        entries.sort(key=lambda m: (Version(m["last"]), m["file"]), reverse=True)
+    groups = sorted(by_template.items())
+    groups.sort(key=lambda item: Version(item[1][0]["last"]), reverse=True)  # stable
+    return groups
+
+
+def span(m: dict[str, Any]) -> str:
+    text = m["first"] if m["first"] == m["last"] else f"{m['first']}–{m['last']}"
+    return text + (f" (not in {', '.join(m['missing'])})" if m.get("missing") else "")
+
+
+def render(groups: Sequence[tuple[str, list[dict[str, Any]]]], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(
+            [{"template": t, "entries": entries} for t, entries in groups],
+            indent=1,
+            ensure_ascii=False,
+        )
+    lines = []
+    for template, entries in groups:
+        if fmt == "markdown":
+            lines.append(f"- `{template}`".replace("\n", "\\n"))
+            lines += [
+                f"  - {m['kind']} {m['type']} `{m['file']}:{m['line']}` {span(m)}" for m in entries
+            ]
+        else:
+            lines.append(template.replace("\n", "\\n"))
+            lines += [
+                f"    {m['kind']} {m['type']}  {m['file']}:{m['line']}  {span(m)}" for m in entries
+            ]
+    return "\n".join(lines)
+
+
+def query(args: argparse.Namespace) -> int:
+    doc = json.loads(args.data.read_text(encoding="utf-8"))
+    found = select(
+        doc["messages"],
+        doc["versions"],
+        greps=args.grep,
+        category=args.category,
+        kinds=args.kind,
+        since=args.since,
+        until=args.until,
+    )
+    groups = grouped(found)
+    if groups:
+        print(render(groups, args.format))
+    print(
+        f"{len(groups)} messages ({len(found)} entries) of {doc['count']} in {args.data.name}, "
+        f"releases {doc['versions'][0]}–{doc['versions'][-1]}",
+        file=sys.stderr,
+    )
+    return 0 if groups else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("build", "query", "-h", "--help"):
+        argv.insert(0, "build")  # `vllm_catalogue.py --versions ...` still builds
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="download and read the wheels, write the catalogue")
+    b.add_argument("--versions", nargs="+", default=list(VERSIONS))
+    cache_root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    b.add_argument("--src-dir", type=Path, default=cache_root / "vllm-src")
+    b.add_argument("--wheel-dir", type=Path, default=cache_root / "vllm-wheels")
+    b.add_argument("--keep-wheels", action="store_true")
+    b.add_argument("--out", type=Path, default=OUT)
+    b.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
+    q = sub.add_parser("query", help="list catalogued messages with their files and releases")
+    q.add_argument("--data", type=Path, default=OUT)
+    q.add_argument("--grep", action="append", default=[], help="regex, case-insensitive")
+    q.add_argument("--category", choices=sorted(CATEGORIES))
+    q.add_argument("--kind", action="append", default=[], help="raise, log, or a class/method")
+    q.add_argument("--since", help="only messages still present at or after this release")
+    q.add_argument("--until", help="only messages present at or before this release")
+    q.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    args = parser.parse_args(argv)
+    return build(args) if args.command == "build" else query(args)
 
 
 if __name__ == "__main__":
