@@ -107,6 +107,9 @@ class Scope:
             if isinstance(target, ast.Name):
                 self.assigned.setdefault(target.id, []).append((node.lineno, value))
 
+    def single(self, name: str) -> bool:
+        return len(self.assigned.get(name, ())) == 1
+
     def lookup(self, name: str, before: int) -> ast.expr | None:
         earlier = [(n, v) for n, v in self.assigned.get(name, ()) if n < before]
         return max(earlier, key=lambda item: item[0])[1] if earlier else None
@@ -119,7 +122,7 @@ def template(node: ast.expr, scope: Scope, depth: int = 0) -> str | None:
     if isinstance(node, ast.Constant):
         return _esc(node.value) if isinstance(node.value, str) else None
     if isinstance(node, ast.JoinedStr):
-        return _joined(node)
+        return _joined(node, scope, depth)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left = template(node.left, scope, depth + 1)
         right = template(node.right, scope, depth + 1)
@@ -149,11 +152,24 @@ def template(node: ast.expr, scope: Scope, depth: int = 0) -> str | None:
     return None
 
 
-def _joined(node: ast.JoinedStr) -> str:
+def _joined(node: ast.JoinedStr, scope: Scope, depth: int) -> str:
     parts = []
     for value in node.values:
         if isinstance(value, ast.Constant):
             parts.append(_esc(str(value.value)))
+        elif (
+            isinstance(value, ast.FormattedValue)
+            and isinstance(value.value, ast.Name)
+            and scope.single(value.value.id)
+            and value.format_spec is None
+            and value.conversion == -1
+            and (inner := template(value.value, scope, depth + 1)) is not None
+            and inner.count(" ") >= 3
+        ):
+            # f"{msg} (original error: {e})" with msg = "Failed to load model - ...": the text of msg.
+            # Only a sentence assigned once: a short value (backend = "trtllm") or one of several
+            # branches (suggestion = "..." in an if and an else) is not the message's text.
+            parts.append(inner)
         elif isinstance(value, ast.FormattedValue):
             spec = ""
             if isinstance(value.format_spec, ast.JoinedStr) and all(

@@ -53,6 +53,17 @@ def log(x, name):
     def inner():
         logger.error("inner {braces} %s", name)
     raise SystemExit(1)
+
+def load(n):
+    try:
+        n()
+    except MemoryError as e:
+        msg = (
+            "Failed to load model - not enough GPU memory. "
+            "Try lowering --gpu-memory-utilization."
+        )
+        combined = f"{msg} (original error: {e})"
+        logger.error(combined)
 '''
     assert _templates(mt, source) == [
         (
@@ -69,6 +80,13 @@ def log(x, name):
         ("bad {x}", "raise", "AssertionError"),
         # Literal braces are doubled, as in str.format; the nested function is read once.
         ("inner {{braces}} {name}", "log", "error"),
+        # A message variable inside an f-string is read through, not left as {msg}.
+        (
+            "Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization. "
+            "(original error: {e})",
+            "log",
+            "error",
+        ),
     ]
 
 
