@@ -172,3 +172,18 @@ def test_vllm_source_loads_templates_and_examples(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert load_rule(path).vllm_source == (SourceRef("boom {n}"), SourceRef("boom {x}", "boom 3"))
+
+
+def test_rules_id_names_shapes_and_silence(capsys: pytest.CaptureFixture[str]) -> None:
+    # CRASH001's "any Error: line" pattern matches thousands of messages: reported as a shape.
+    crash = _rule("CRASH001")
+    broad = catalogue.cite(crash, CAT).generic
+    assert broad
+    assert _cli("rules", "CRASH001") == 0
+    out = capsys.readouterr().out
+    for index, _, count in broad:
+        assert f"pattern {index + 1} matches {count} catalogued messages: a shape" in out
+    assert "matches 0 catalogued" not in out
+    # PORT001 reads the OS's errno text, which no vLLM file raises.
+    assert _cli("rules", "PORT001") == 0
+    assert "vLLM source: no catalogued message matches" in capsys.readouterr().out

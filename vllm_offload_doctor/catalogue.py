@@ -279,15 +279,17 @@ def text_lines(rule: Rule, citation: Citation, catalogue: Catalogue, limit: int 
         if not sources:
             lines.append(f"  vLLM source: no catalogued message matches ({scanned})")
         return lines
-    head = "also matches" if sources else "matches"
-    lines.append(f"  vLLM source: {head} {len(others)} catalogued messages ({scanned})")
+    if others:
+        head = "also matches" if sources else "matches"
+        lines.append(f"  vLLM source: {head} {len(others)} catalogued messages ({scanned})")
     for message, idx in others[:limit]:
         lines.append(_entry_line(rule, message, idx, numbered, "    "))
         lines.append(f"      {_short(message.template)}")
     if len(others) > limit:
         lines.append(f"    … {len(others) - limit} more (--format json lists them all)")
+    indent = "    " if others else "  vLLM source: "
     lines += [
-        f"    {_pattern_name(rule, i)} matches {n} catalogued messages: a shape, not one message"
+        f"{indent}{_pattern_name(rule, i)} matches {n} catalogued messages: a shape, not one message"
         for i, _, n in citation.generic
     ]
     return lines
