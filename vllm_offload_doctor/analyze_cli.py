@@ -109,7 +109,7 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
         raise InputError(f"no rule {rule_id!r}; `offload-doctor rules` lists them")
     r = match[0]
     if fmt == "json":
-        click.echo(json.dumps(_rule_dict(r), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(_rule_dict(r) | _sources(r, None), indent=2, ensure_ascii=False))
         return exitcodes.OK
     lines = [
         f"{r.id} ({r.name}): {r.title}",
@@ -123,8 +123,27 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
             lines.append(f"  when {kind}: " + "; ".join(c.text for c in conds))
     lines += [f"  link:       {link}" for link in r.links]
     lines.append(f"  file:       {r.source}")
+    _sources(r, lines)
     click.echo("\n".join(lines))
     return exitcodes.OK
+
+
+def _sources(r: object, lines: list[str] | None) -> dict[str, object]:
+    """The catalogued vLLM messages a rule matches: appended to `lines`, or as a JSON entry."""
+    from vllm_offload_doctor import catalogue
+    from vllm_offload_doctor.rules import Rule
+
+    assert isinstance(r, Rule)
+    try:
+        cat = catalogue.load()
+    except catalogue.CatalogueError as exc:
+        if lines is not None:
+            lines.append(f"  vLLM source: unavailable ({exc})")
+        return {"vllm_source": None}
+    cited = catalogue.cite(r, cat)
+    if lines is not None:
+        lines += catalogue.text_lines(r, cited, cat)
+    return {"vllm_source": catalogue.as_dict(r, cited, cat)}
 
 
 def _rule_dict(r: object) -> dict[str, object]:

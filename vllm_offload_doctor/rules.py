@@ -39,6 +39,8 @@ _OPTIONAL = (
     "cases",
     "aliases",
     "summary",
+    "vllm_messages",
+    "vllm_source",
 )
 _WHEN_KEYS = ("all", "any", "absent")
 _CASE_KEYS = ("log", "expect", "note")
@@ -149,6 +151,15 @@ class Case:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceRef:
+    """A vLLM message a rule recognises: its template in the catalogue, verbatim, and optionally
+    a line as a log shows it, for templates whose placeholders hold the words a pattern reads."""
+
+    template: str
+    example: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     id: str
     name: str
@@ -167,6 +178,10 @@ class Rule:
     links: tuple[str, ...]
     cases: tuple[Case, ...]
     source: Path
+    # Regexes naming vLLM messages (in the catalogue) a rule reads through its conditions.
+    vllm_messages: tuple[Any, ...] = ()
+    # The vLLM messages (catalogue templates) this rule was written from.
+    vllm_source: tuple[SourceRef, ...] = ()
 
     def conditions_hold(self, facts: Mapping[str, Any]) -> bool:
         if not all(c.holds(facts) for c in self.all):
@@ -253,6 +268,7 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
             compiled.append(Bounded(pattern))  # linear (RE2) where it can be
         except regex.error as exc:
             raise _fail(path, f"patterns[{i}]", f"bad regex: {exc}") from None
+    cited = _compile(path, "vllm_messages", _strings(path, data, "vllm_messages"))
     keywords = _strings(path, data, "keywords")
     if patterns and not keywords:
         raise _fail(path, "keywords", "required with patterns: literal words every match contains")
@@ -298,7 +314,41 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
         links=tuple(links),
         cases=_cases(path, data.get("cases", [])),
         source=path,
+        vllm_messages=tuple(cited),
+        vllm_source=_source_refs(path, data.get("vllm_source", [])),
     )
+
+
+def _source_refs(path: Path, value: Any) -> tuple[SourceRef, ...]:
+    if not isinstance(value, list):
+        raise _fail(path, "vllm_source", "must be a list of templates or {template, example} tables")
+    refs = []
+    for i, item in enumerate(value):
+        if isinstance(item, str) and item:
+            refs.append(SourceRef(item))
+            continue
+        if not isinstance(item, dict):
+            raise _fail(path, f"vllm_source[{i}]", "must be a template or a {template, example} table")
+        for key in item:
+            if key not in ("template", "example"):
+                raise _fail(path, f"vllm_source[{i}].{key}", "unknown key")
+        template, example = item.get("template"), item.get("example")
+        if not isinstance(template, str) or not template:
+            raise _fail(path, f"vllm_source[{i}].template", "must be a non-empty string")
+        if example is not None and (not isinstance(example, str) or not example):
+            raise _fail(path, f"vllm_source[{i}].example", "must be a non-empty string")
+        refs.append(SourceRef(template, example))
+    return tuple(refs)
+
+
+def _compile(path: Path, key: str, patterns: list[str]) -> list[Any]:
+    compiled = []
+    for i, pattern in enumerate(patterns):
+        try:
+            compiled.append(regex.compile(pattern))
+        except regex.error as exc:
+            raise _fail(path, f"{key}[{i}]", f"bad regex: {exc}") from None
+    return compiled
 
 
 def _strings(path: Path, data: Mapping[str, Any], key: str) -> list[str]:
