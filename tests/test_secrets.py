@@ -179,3 +179,49 @@ def test_crafted_256kb_lines_finish_quietly() -> None:
                           capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""
+
+
+def test_scrub_argv_hides_every_value_of_a_multi_valued_api_key() -> None:
+    argv = ["vllm", "serve", "m", "--api-key", "k1-Zq8", "k2-Wv3", "--port", "8000",
+            "--hf-token", "hf-plain-value", "extra", "--token=abc123", "-e",
+            f"HF_ENDPOINT=https://u:{SECRETS['url_password']}@m.example"]
+    out = redact.scrub_argv(argv)
+    assert out == ["vllm", "serve", "m", "--api-key", "***", "***", "--port", "8000",
+                   "--hf-token", "***", "extra", "--token=***", "-e",
+                   "HF_ENDPOINT=https://u:***@m.example"]
+
+
+def test_scrub_file_in_place_keeps_mode_and_masks(tmp_path: Path) -> None:
+    path = tmp_path / "mode-0.log"
+    path.write_text(secret_log())
+    path.chmod(0o640)
+    redact.scrub_file(path)
+    assert_no_leak(path.read_text(), "scrub_file in place")
+    assert "hf_raise_for_status" in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["mode-0.log"]  # no temporary left
+
+
+def test_scrub_file_streams_a_huge_line_in_bounded_memory(tmp_path: Path) -> None:
+    import tracemalloc
+
+    # 24 MB on one line, secrets spread over it (some across the 256 KiB piece boundaries).
+    unit = "x " * 5000 + " ".join(f"--api-key {v} token={v}" for v in SECRETS.values()) + " "
+    src, dst = tmp_path / "long.log", tmp_path / "out.log"
+    with src.open("w") as f:
+        for _ in range(24_000_000 // len(unit)):
+            f.write(unit)
+        f.write("\nINFO done\n")
+    tracemalloc.start()
+    redact.scrub_file(src, dst)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    found: set[str] = set()
+    tail = ""
+    with dst.open() as f:
+        while chunk := f.read(1 << 20):
+            found.update(leaks(tail + chunk))  # with the previous tail: no leak hides in a cut
+            tail = chunk[-200:]
+    assert not found
+    assert dst.read_text().endswith("\nINFO done\n")

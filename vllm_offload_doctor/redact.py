@@ -4,9 +4,13 @@ API for the commands (all pure, all linear-time):
 
 - `scrub_text(text)`: mask secrets in any text, one line or many (PEM blocks span lines).
 - `scrub_lines(lines)`: the same over a sequence of lines, same count out (evidence lists).
-- `scrub_argv(argv)`: a command line; values of secret-named options are masked too.
-- `scrub_env(env)`: an environment; values of secret-named variables become `***`.
-- `scrub_file(src, dst)`: stream a whole log file through `scrub_text`, line by line.
+- `scrub_argv(argv)`: a command line; values of secret-named options are masked too
+  (`--api-key X`, `--hf-token=X`, every value of the multi-valued `--api-key K1 K2`).
+- `scrub_env(env)`: an environment; values of secret-named variables become `***`, and
+  secrets inside the others are masked (`HF_ENDPOINT=https://u:***@mirror`).
+- `scrub_file(src, dst=None)`: stream a log file through the masking, into `dst` or in place
+  (a temporary file beside `src`, renamed over it); memory stays bounded by MAX_PIECE.
+- `scrub_data(record)`: a JSON-like record: every string, and whole values under secret keys.
 - `redact(text, hosts=, home=)`: `scrub_text` plus, on request, host names and home paths.
 - `is_secret_name(name)`: a variable or key name that holds a credential.
 
@@ -60,9 +64,7 @@ _VALUE = r"[^\s'\",;})\]\\]+"
 # One pattern per place, applied in turn. Each is linear under RE2, and the parts that could
 # keep a failing alternative alive for long (the `[...]` list) are bounded, so that `sub`
 # never re-scans far past a match: total cost stays linear in the line.
-_URL = re2.compile(
-    r"(\b[A-Za-z][A-Za-z0-9+.-]{1,20}://)([^\s/@:'\"]{0,256}):([^\s/@'\"]{1,256})@"
-)
+_URL = re2.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{1,20}://)([^\s/@:'\"]{0,256}):([^\s/@'\"]{1,256})@")
 _AUTH = re2.compile(
     r"((?i:\b(?:proxy-)?authorization)[\"']?\s{0,5}[:=]\s{0,5}[\"']?"
     r"(?i:(?:bearer|basic|token|digest|negotiate|apikey)\s{1,5})?)"
@@ -96,8 +98,10 @@ def is_secret_name(name: str) -> bool:
 
 
 def _base64ish(run: str) -> bool:
-    return run.endswith("=") or any(c.isdigit() or c in "+/" for c in run) or not (
-        run.isupper() or run.islower()
+    return (
+        run.endswith("=")
+        or any(c.isdigit() or c in "+/" for c in run)
+        or not (run.isupper() or run.islower())
     )
 
 
@@ -218,22 +222,29 @@ def scrub_text(text: str) -> str:
     return "\n".join(scrub_lines(text.split("\n")))
 
 
+# Options that take several values (`vllm serve --api-key K1 K2`): every value until the next
+# option is a secret.
+_MULTI_VALUED = frozenset({"api_key", "api_keys"})
+
+
 def scrub_argv(argv: Sequence[str]) -> list[str]:
     """Mask a command line: values of secret-named options, and secrets anywhere."""
     out: list[str] = []
-    hide_next = False
+    hide = 0  # values still to hide: 1 after `--token`, "all until the next option" = -1
     for arg in argv:
-        if hide_next:
+        if hide and not (hide < 0 and arg.startswith("-")):
             out.append(arg if _harmless(arg) else MASK)
-            hide_next = False
+            hide = hide if hide < 0 else hide - 1
             continue
+        hide = 0
         flag, eq, value = arg.partition("=")
         if flag.startswith("-") and is_secret_name(flag):
             if eq:
                 out.append(f"{flag}={value if _harmless(value) else MASK}")
             else:
                 out.append(arg)
-                hide_next = True
+                multi = flag.strip("-").replace("-", "_").lower() in _MULTI_VALUED
+                hide = -1 if multi else 1
             continue
         out.append(scrub_text(arg))
     return out
@@ -241,21 +252,65 @@ def scrub_argv(argv: Sequence[str]) -> list[str]:
 
 def scrub_env(env: Mapping[str, str]) -> dict[str, str]:
     """Mask an environment: secret-named variables wholly, secrets in the others."""
-    return {
-        k: (MASK if is_secret_name(k) and v else scrub_text(v)) for k, v in env.items()
-    }
+    return {k: (MASK if is_secret_name(k) and v else scrub_text(v)) for k, v in env.items()}
 
 
-def scrub_file(src: Path | str, dst: Path | str) -> None:
-    """Copy a log file with its secrets masked; streams, so any size is fine."""
+MAX_PIECE = 256 << 10  # characters of one line masked at a time by scrub_file
+_CUT_ZONE = 4096  # a longer line is cut at a space within this many characters of the limit
+
+
+def _pieces(fin: Any) -> Iterable[str]:
+    """Lines of a text stream, a line longer than MAX_PIECE in pieces cut at a space.
+
+    Cutting at a space keeps a secret whole in one piece (secrets hold no spaces); a line of
+    4 KiB without any space is cut where it must be.
+    """
+    carry = ""
+    while True:
+        chunk = fin.readline(MAX_PIECE - len(carry))
+        if not chunk:
+            if carry:
+                yield carry
+            return
+        piece = carry + chunk
+        carry = ""
+        if piece.endswith("\n") or len(piece) < MAX_PIECE:
+            yield piece
+            continue
+        space = max(
+            piece.rfind(" ", len(piece) - _CUT_ZONE), piece.rfind("\t", len(piece) - _CUT_ZONE)
+        )
+        if space > 0:
+            piece, carry = piece[: space + 1], piece[space + 1 :]
+        yield piece
+
+
+def scrub_file(src: Path | str, dst: Path | str | None = None) -> None:
+    """Mask the secrets of a log file into `dst`, or in place when `dst` is None.
+
+    Streams line by line (a long line in pieces), so memory stays bounded whatever the size.
+    In place, the masked copy is written beside `src` and renamed over it: a reader never sees
+    a half-masked file, and a failure leaves `src` as it was. Undecodable bytes become U+FFFD.
+    """
+    src = Path(src)
+    target = Path(dst) if dst is not None else src
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.scrub") if dst is None else target
     pem = _PemState()
-    with (
-        open(src, encoding="utf-8", errors="replace", newline="") as fin,
-        open(dst, "w", encoding="utf-8", newline="") as fout,
-    ):
-        for line in fin:
-            body = line.rstrip("\r\n")
-            fout.write(pem.line(body) + line[len(body) :])
+    try:
+        with (
+            open(src, encoding="utf-8", errors="replace", newline="") as fin,
+            open(tmp, "w", encoding="utf-8", newline="") as fout,
+        ):
+            for line in _pieces(fin):
+                body = line.rstrip("\r\n")
+                fout.write(pem.line(body) + line[len(body) :])
+        if dst is None:
+            os.chmod(tmp, src.stat().st_mode & 0o7777)
+            os.replace(tmp, src)
+    except BaseException:
+        if dst is None:
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def scrub_data(value: Any) -> Any:
