@@ -163,6 +163,8 @@ CRAFTED = [
     "token: [" * 32_000,
     "'token': '" * 25_000,
     "https://a:" * 25_000 + "@",
+    "secret: x " * 25_600,
+    "Bearer " * 37_000,
 ]
 
 
@@ -225,3 +227,15 @@ def test_scrub_file_streams_a_huge_line_in_bounded_memory(tmp_path: Path) -> Non
             tail = chunk[-200:]
     assert not found
     assert dst.read_text().endswith("\nINFO done\n")
+
+
+def test_a_line_crowded_with_secret_places_is_cut_and_says_so() -> None:
+    line = " ".join(f"token={i}-{SECRETS['bearer']}" for i in range(1000)) + " hf_tail"
+    out = redact.scrub_text(line)
+    assert out.endswith(redact.CROWDED)
+    assert out.count("token=***") == redact.MAX_PLACES
+    assert_no_leak(out)
+    assert "hf_tail" not in out
+    # Below the cap every place is masked and the line is kept whole.
+    few = " ".join(f"token={i}-{SECRETS['bearer']}" for i in range(10)) + " tail"
+    assert redact.scrub_text(few) == " ".join(["token=***"] * 10) + " tail"
