@@ -87,6 +87,49 @@ SECRET_ENV = {
 }
 
 
+# Kinds recognised by their shape alone, wherever they stand (a prefix, a JWT, a key id, a
+# long high-entropy run); the others are secrets only by their place (see PLACES).
+SELF_EVIDENT = frozenset(
+    {
+        "hf_token", "openai_key", "github_classic", "github_oauth", "github_fine_grained",
+        "aws_access_key_id", "aws_secret_key", "slack_bot", "gitlab", "google_api", "jwt",
+        "stripe", "pem_body", "high_entropy_bare",
+    }
+)
+
+# Places that make any value a secret, as logs, configs and command lines write them.
+# `{v}` is the value; every place masks it whatever it is.
+PLACES = (
+    "token={v}",
+    "HF_TOKEN={v}",
+    "VLLM_API_KEY='{v}'",
+    "password: {v}",
+    "aws_secret_access_key = {v}",
+    '"api_key": "{v}"',
+    '{{"password": "{v}", "user": "x"}}',
+    "'api_key': ['{v}']",
+    "'hf_token': '{v}',",
+    "--api-key {v}",
+    "--hf-token={v}",
+    "https://user:{v}@mirror.example.com/models",
+    "redis://:{v}@cache:6379/0",
+    "Authorization: Bearer {v}",
+    "'authorization': 'Basic {v}'",
+    "Proxy-Authorization: {v}",
+    "-H 'Authorization: token {v}'",
+    "client_secret={v}&grant_type=x",
+)
+
+
+def planted_line(kind: str, place: str | None) -> str:
+    """A secret of `kind` in `place` (None: bare, for SELF_EVIDENT kinds only)."""
+    value = SECRETS[kind]
+    if place is None:
+        assert kind in SELF_EVIDENT, kind
+        return value
+    return place.format(v=value)
+
+
 def leaks(text: str) -> list[str]:
     """The kinds of planted secret that appear in `text` (also JSON-escaped)."""
     text = text + "\n" + text.replace("\\/", "/")

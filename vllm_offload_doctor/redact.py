@@ -253,14 +253,23 @@ def scrub_text(text: str) -> str:
 # Options that take several values (`vllm serve --api-key K1 K2`): every value until the next
 # option is a secret.
 _MULTI_VALUED = frozenset({"api_key", "api_keys"})
+_SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate", "apikey"})
+_ARG_KEY = re2.compile(
+    rf"(?i)(?:(?:{_SECRET_WORDS})[\"']?\s{{0,5}}[:=]|--[A-Za-z0-9_-]{{0,40}}(?:{_SECRET_WORDS})"
+    r"|\bbearer|\bbasic)\s{0,5}$"
+)
 
 
 def scrub_argv(argv: Sequence[str]) -> list[str]:
     """Mask a command line: values of secret-named options, and secrets anywhere."""
     out: list[str] = []
     hide = 0  # values still to hide: 1 after `--token`, "all until the next option" = -1
+    named = False  # the previous argument was a secret's name
     for arg in argv:
         if hide and not (hide < 0 and arg.startswith("-")):
+            if hide > 0 and arg.strip("'\"").lower() in _SCHEMES:
+                out.append(arg)  # `Authorization:` `Bearer` `<token>`: the token is next
+                continue
             out.append(arg if _harmless(arg) else MASK)
             hide = hide if hide < 0 else hide - 1
             continue
@@ -275,6 +284,9 @@ def scrub_argv(argv: Sequence[str]) -> list[str]:
                 hide = -1 if multi else 1
             continue
         out.append(scrub_text(arg))
+        if _ARG_KEY.search(arg) or (arg in ("=", ":") and named):
+            hide = 1  # `password:`, `password =`, `Bearer`, `(--token`: the value comes next
+        named = is_secret_name(arg)
     return out
 
 
