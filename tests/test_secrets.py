@@ -239,3 +239,19 @@ def test_a_line_crowded_with_secret_places_is_cut_and_says_so() -> None:
     # Below the cap every place is masked and the line is kept whole.
     few = " ".join(f"token={i}-{SECRETS['bearer']}" for i in range(10)) + " tail"
     assert redact.scrub_text(few) == " ".join(["token=***"] * 10) + " tail"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_input_names_with_secrets_are_masked_in_errors(tmp_path: Path, fmt: str) -> None:
+    missing = tmp_path / f"run_token={SECRETS['api_key_arg']}.log"
+    url = f"https://u:{SECRETS['url_password']}@logs.example.com/{SECRETS['hf_token']}.log"
+    bad = tmp_path / f"{SECRETS['github_classic']}.log"
+    bad.write_bytes(b"")  # empty: an error naming the file
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_offload_doctor", "analyze", "--format", fmt,
+         str(missing), url, str(bad)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("offload-doctor: error: ") == 3
+    assert_no_leak(proc.stdout + proc.stderr, f"errors, --format {fmt}")

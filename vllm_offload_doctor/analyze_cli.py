@@ -78,10 +78,13 @@ def analyze(
     """
     from vllm_offload_doctor import logread
     from vllm_offload_doctor.analyze import Engine
+    from vllm_offload_doctor.redact import scrub_text
     from vllm_offload_doctor.render import Renderer
 
     engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
+    # An error names the input as given: a path or URL may carry a token.
+    errors = [scrub_text(msg) for msg in errors]
     use_color = _use_color(color)
     renderer = Renderer(color=use_color, hosts=redact, home=redact)
     analyses = []
@@ -92,8 +95,8 @@ def analyze(
         try:
             analysis = engine.analyze_source(source)
         except InputError as exc:
-            errors.append(str(exc))
-            click.echo(f"offload-doctor: error: {exc}", err=True)
+            errors.append(scrub_text(str(exc)))
+            click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
             continue
         analyses.append(analysis)
         if fmt == "jsonl":

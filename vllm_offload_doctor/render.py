@@ -66,7 +66,7 @@ class Renderer:
         payload = {
             "schema_version": SCHEMA_VERSION,
             "results": [self.record(a) for a in analyses],
-            "errors": list(errors),
+            "errors": [self._r(e) for e in errors],
             "counts": dict(Counter(a.verdict.category.value for a in analyses)),
         }
         return json.dumps(payload, ensure_ascii=False, indent=2)
