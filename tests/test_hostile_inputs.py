@@ -10,6 +10,7 @@ import codecs
 import gzip
 import json
 import lzma
+import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from test_inputs import OOM_LOG, category, one_line_error, run
 
 from vllm_offload_doctor import logread
+from vllm_offload_doctor.errors import InputError
 
 FILLER = b"INFO 11-24 14:38:00 [metrics.py:1] idle; nothing to report on this line\n"
 MiB = 1 << 20
@@ -180,3 +182,15 @@ def test_real_binary_is_still_refused(tmp_path: Path) -> None:
     proc = run(str(path))
     assert proc.returncode == 2
     one_line_error(proc, "binary")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
+def test_path_swapped_for_a_fifo_or_device_after_the_check_is_refused(tmp_path: Path) -> None:
+    # resolve_inputs saw a regular file; by the time it is opened it is a FIFO or /dev/zero.
+    fifo = tmp_path / "swapped.log"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.log"
+    zero.symlink_to("/dev/zero")
+    for path in (fifo, zero):
+        with pytest.raises(InputError, match="not a regular file"):
+            logread.open_source(logread.Source(path.name, path))

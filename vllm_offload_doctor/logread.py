@@ -17,6 +17,7 @@ import gzip
 import io
 import lzma
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterator
@@ -82,12 +83,7 @@ def open_source(source: Source, max_bytes: int | None = None) -> BinaryIO:
     if source.path is None:
         raw: BinaryIO = sys.stdin.buffer
     else:
-        try:
-            raw = open(source.path, "rb")  # noqa: SIM115 - closed by the caller
-        except PermissionError as exc:
-            raise InputError(f"{source.name}: permission denied") from exc
-        except OSError as exc:
-            raise InputError(f"{source.name}: cannot open ({exc.strerror})") from exc
+        raw = _open_regular(source)
         _skip_hole(raw)
     try:
         head = _peek(raw, 6)
@@ -98,6 +94,26 @@ def open_source(source: Source, max_bytes: int | None = None) -> BinaryIO:
     except BaseException:
         if source.path is not None:
             raw.close()
+        raise
+
+
+def _open_regular(source: Source) -> BinaryIO:
+    """Open a regular file, checked on the descriptor: a path swapped for a FIFO or a device
+    after resolve_inputs looked at it is refused, never waited on or read forever."""
+    assert source.path is not None
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(source.path, flags)
+    except PermissionError as exc:
+        raise InputError(f"{source.name}: permission denied") from exc
+    except OSError as exc:
+        raise InputError(f"{source.name}: cannot open ({exc.strerror})") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{source.name}: not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
         raise
 
 
