@@ -76,9 +76,13 @@ def test_arbitrary_bytes(data: bytes) -> None:
 
 
 @FUZZ
-@given(st.binary(max_size=2048))
-def test_arbitrary_bytes_behind_gzip_magic(data: bytes) -> None:
-    analyze_bytes(b"\x1f\x8b" + data)
+@given(
+    st.sampled_from([logread.GZIP_MAGIC, logread.BZ2_MAGIC + b"9", logread.XZ_MAGIC,
+                     b"\xff\xfe", b"\xfe\xff", b"\xef\xbb\xbf", b"\x00\x00"]),
+    st.binary(max_size=2048),
+)
+def test_arbitrary_bytes_behind_a_magic_or_bom(magic: bytes, data: bytes) -> None:
+    analyze_bytes(magic + data)
 
 
 @FUZZ

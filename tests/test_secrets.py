@@ -255,3 +255,13 @@ def test_input_names_with_secrets_are_masked_in_errors(tmp_path: Path, fmt: str)
     assert proc.returncode == 2
     assert proc.stderr.count("offload-doctor: error: ") == 3
     assert_no_leak(proc.stdout + proc.stderr, f"errors, --format {fmt}")
+
+
+def test_scrub_env_masks_terse_secret_names_and_keeps_the_rest() -> None:
+    env = {"AZURE_OPENAI_KEY": "a1", "SMTP_PASS": "p2", "GITLAB_PAT": "g3", "NGC_API_KEY": "n4",
+           "AWS_SESSION_TOKEN": "t5", "PWD": "/srv/app", "CUDA_VISIBLE_DEVICES": "0,1",
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_USE_V1": "1",
+           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    out = redact.scrub_env(env)
+    assert [k for k in env if out[k] == "***"] == list(env)[:5]
+    assert all(out[k] == env[k] for k in list(env)[5:])

@@ -13,6 +13,7 @@ API for the commands (all pure, all linear-time):
 - `scrub_data(record)`: a JSON-like record: every string, and whole values under secret keys.
 - `redact(text, hosts=, home=)`: `scrub_text` plus, on request, host names and home paths.
 - `is_secret_name(name)`: a variable or key name that holds a credential.
+- `is_secret_env(name)`: the same for environment variables, a wider net (`*_KEY`, `*_PASS`).
 
 Recognised: URL userinfo passwords, PEM private-key blocks, `key=value` / `key: value` /
 JSON / Python-repr pairs and `--option value` pairs whose key names a secret, `Authorization:`
@@ -290,9 +291,18 @@ def scrub_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+# Environment names are shouted and terse: `AZURE_OPENAI_KEY`, `SMTP_PASS`, `GITLAB_PAT`.
+_ENV_NAME = re2.compile(r"(?:^|_)(?:[A-Z0-9]*KEY|PASS|PAT|CREDS)$")
+
+
+def is_secret_env(name: str) -> bool:
+    """True for an environment variable that holds a credential (a wider net than keys)."""
+    return is_secret_name(name) or bool(_ENV_NAME.search(name.upper()))
+
+
 def scrub_env(env: Mapping[str, str]) -> dict[str, str]:
     """Mask an environment: secret-named variables wholly, secrets in the others."""
-    return {k: (MASK if is_secret_name(k) and v else scrub_text(v)) for k, v in env.items()}
+    return {k: (MASK if is_secret_env(k) and v else scrub_text(v)) for k, v in env.items()}
 
 
 MAX_PIECE = 256 << 10  # characters of one line masked at a time by scrub_file
