@@ -4,6 +4,7 @@ the `rules` command and `analyze --rules` with user rule directories."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from vllm_offload_doctor import rules as rules_module
 from vllm_offload_doctor.analyze import Engine
 from vllm_offload_doctor.cli import main
 from vllm_offload_doctor.errors import RuleFileError
@@ -261,3 +263,72 @@ def test_cli_rules_unknown(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1 and "NOPE" in err
+
+
+# -- hostile rule directories: only regular files of bounded size are read -----------------
+def _analyze_with_rules(rules: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    log = tmp_path / "x.log"
+    log.write_text(USER_LOG, encoding="utf-8")
+    # timeout: a hang guard (a FIFO read would block forever), not a timing.
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_offload_doctor", "analyze", "--rules", str(rules), str(log)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def _one_line_rule_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("offload-doctor: error: "), proc.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_rule_file_linked_to_dev_zero_is_refused(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "ZERO001.toml").symlink_to("/dev/zero")
+    _one_line_rule_error(_analyze_with_rules(rules, tmp_path), "ZERO001.toml", "a device")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
+def test_rule_file_that_is_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    os.mkfifo(rules / "PIPE001.toml")
+    _one_line_rule_error(_analyze_with_rules(rules, tmp_path), "PIPE001.toml", "a FIFO")
+
+
+def test_rule_file_over_the_size_cap_is_refused(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    big = _rule_text() + "# " + "x" * (rules_module.MAX_RULE_FILE_BYTES) + "\n"
+    _write(rules, big)
+    _one_line_rule_error(_analyze_with_rules(rules, tmp_path), "TST001-test.toml", "larger than")
+
+
+def test_rule_directory_named_like_a_rule_is_refused(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    (rules / "DIR001.toml").mkdir(parents=True)
+    with pytest.raises(RuleFileError, match="a directory"):
+        load_rules([rules])
+
+
+def test_rule_file_that_is_not_utf8(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "TST001-test.toml").write_bytes(_rule_text().encode("utf-16"))
+    with pytest.raises(RuleFileError, match="not UTF-8"):
+        load_rules([rules])
+
+
+def test_symlink_to_a_regular_rule_file_loads(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    target = _write(real, USER_RULE, "USR001.toml")
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "USR001.toml").symlink_to(target)
+    assert "USR001" in {r.id for r in load_rules([rules])}

@@ -64,8 +64,12 @@ class Engine:
     """Rules loaded once; `analyze_*` may then be called for many inputs."""
 
     def __init__(
-        self, rules: Sequence[Rule] | None = None, extra_rule_dirs: Iterable[Path] = ()
+        self,
+        rules: Sequence[Rule] | None = None,
+        extra_rule_dirs: Iterable[Path] = (),
+        max_bytes: int | None = None,
     ) -> None:
+        self.max_bytes = max_bytes  # decompressed-size cap (see logread.open_source)
         self.knowledge = builtin_knowledge()
         base = list(rules) if rules is not None else load_rules(extra_rule_dirs)
         self.rules = lend_exceptions(base, self.knowledge)
@@ -82,7 +86,7 @@ class Engine:
 
     # -- inputs ---------------------------------------------------------------------------
     def analyze_source(self, source: logread.Source) -> Analysis:
-        stream = logread.open_source(source)
+        stream = logread.open_source(source, self.max_bytes)
         try:
             return self._analyze_stream(stream, source.name)
         finally:
@@ -115,6 +119,8 @@ class Engine:
                         raise InputError(f"{name}: binary file, not a log")
                 self._scan_block(block, line_base, state)
                 line_base += block.count(b"\n")
+        except logread.InputStopped as exc:
+            error = str(exc)
         except logread.TruncatedInput as exc:
             error = f"input ended early ({exc}); analysed what could be read"
         if first:
@@ -201,10 +207,8 @@ class _State:
         is_exception = bool(_EXCEPTION.match(msg)) or bool(_FATAL_HINT.search(msg))
         if is_exception and self.first_fatal_line is None:
             self.first_fatal_line = line.no
-        if (
-            is_exception
-            or (line.level in ("ERROR", "CRITICAL")
-            and not msg.startswith(("File ", "^", "~")))
+        if is_exception or (
+            line.level in ("ERROR", "CRITICAL") and not msg.startswith(("File ", "^", "~"))
         ):
             ev = Evidence(line.no, line.text[:400])
             if len(self.notable_first) < 4:

@@ -13,6 +13,22 @@ from vllm_offload_doctor import exitcodes
 from vllm_offload_doctor.errors import InputError
 
 FORMATS = ("text", "json", "jsonl", "markdown")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """A size such as 500M, 2G, 2GiB or 1048576 (powers of 1024); 0 means no limit."""
+    if value is None:
+        return None
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    number = text.rstrip("KMGT")
+    try:
+        size = float(number) * _UNITS[text[len(number) :]]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{value!r} is not a size like 500M, 2G or 1048576") from None
+    if not size >= 0:
+        raise click.BadParameter(f"{value!r}: a size cannot be negative")
+    return int(size)
 
 
 def _use_color(ctx_color: bool | None) -> bool:
@@ -39,20 +55,36 @@ def _use_color(ctx_color: bool | None) -> bool:
 @click.option(
     "--color/--no-color", default=None, help="Colour the text output (default: on a terminal)."
 )
+@click.option(
+    "--max-bytes",
+    metavar="SIZE",
+    callback=_byte_size,
+    help="Decompress at most SIZE of each compressed log (default 1G, and stop early on a "
+    "ratio over 200:1, the mark of a decompression bomb); 0: no limit.",
+)
 def analyze(
-    paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redact: bool, color: bool | None
+    paths: tuple[str, ...],
+    fmt: str,
+    rule_dirs: tuple[Path, ...],
+    redact: bool,
+    color: bool | None,
+    max_bytes: int | None,
 ) -> int:
     """Name the root cause in vLLM server logs.
 
-    PATHS are log files, directories (every *.log, *.txt, *.gz under them) or - for stdin.
+    PATHS are log files (plain, or compressed with gzip, bzip2 or xz), directories (every
+    *.log, *.txt, *.out, *.err and compressed log under them) or - for stdin.
     Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read.
     """
     from vllm_offload_doctor import logread
     from vllm_offload_doctor.analyze import Engine
+    from vllm_offload_doctor.redact import scrub_text
     from vllm_offload_doctor.render import Renderer
 
-    engine = Engine(extra_rule_dirs=rule_dirs)
+    engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
+    # An error names the input as given: a path or URL may carry a token.
+    errors = [scrub_text(msg) for msg in errors]
     use_color = _use_color(color)
     renderer = Renderer(color=use_color, hosts=redact, home=redact)
     analyses = []
@@ -63,8 +95,8 @@ def analyze(
         try:
             analysis = engine.analyze_source(source)
         except InputError as exc:
-            errors.append(str(exc))
-            click.echo(f"offload-doctor: error: {exc}", err=True)
+            errors.append(scrub_text(str(exc)))
+            click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
             continue
         analyses.append(analysis)
         if fmt == "jsonl":

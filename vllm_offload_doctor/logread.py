@@ -1,26 +1,46 @@
-"""Read log inputs as bounded blocks of bytes: files, directories, stdin, gzip.
+"""Read log inputs as bounded blocks of bytes: files, directories, stdin, compressed logs.
 
 Memory stays bounded whatever the input: blocks are a few MiB, and a line longer
-than MAX_LINE is cut into pieces rather than held whole.
+than MAX_LINE is cut into pieces rather than held whole. Time stays bounded too: a
+compressed input (gzip, bzip2, xz; zstd where Python has it) is decompressed up to a cap
+on size and on ratio (a decompression bomb stops early, with a note, and what was read
+still gives a verdict). Text comes out as UTF-8: UTF-16/32 logs (by BOM, or UTF-16 by
+its zero bytes) are transcoded, a UTF-8 BOM and a run of leading NUL bytes (a log
+truncated while written, e.g. by copytruncate) are skipped.
 """
 
 from __future__ import annotations
 
+import bz2
+import codecs
 import gzip
 import io
+import lzma
+import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from vllm_offload_doctor.errors import InputError
 
 BLOCK = 4 << 20
 MAX_LINE = 256 << 10
-LOG_SUFFIXES = (".log", ".txt", ".gz", ".out", ".err")
+LOG_SUFFIXES = (".log", ".txt", ".gz", ".bz2", ".xz", ".zst", ".out", ".err")
 GZIP_MAGIC = b"\x1f\x8b"
+BZ2_MAGIC = b"BZh"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# Decompressed bytes read from one compressed input unless --max-bytes says otherwise.
+DEFAULT_MAX_BYTES = 1 << 30
+# Past RATIO_AFTER decompressed bytes, a ratio above MAX_RATIO stops reading: real vLLM logs
+# compress 5-50x, a bomb ~1000x. An explicit --max-bytes lifts the ratio check.
+MAX_RATIO = 200
+RATIO_AFTER = 16 << 20
+_HEAD = 4096  # bytes looked at to tell an encoding
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +63,7 @@ def resolve_inputs(args: list[str]) -> tuple[list[Source], list[str]]:
                 p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
             )
             if not found:
-                errors.append(f"{arg}: directory holds no *.log, *.txt or *.gz files")
+                errors.append(f"{arg}: directory holds no *.log, *.txt or compressed log files")
             sources.extend(Source(str(p), p) for p in found)
         elif not path.exists():
             errors.append(f"{arg}: no such file")
@@ -54,25 +74,59 @@ def resolve_inputs(args: list[str]) -> tuple[list[Source], list[str]]:
     return sources, errors
 
 
-def open_source(source: Source) -> BinaryIO:
-    """Open a source for binary reading, decompressing gzip transparently."""
+def open_source(source: Source, max_bytes: int | None = None) -> BinaryIO:
+    """Open a source for binary reading: decompressed, transcoded to UTF-8, leading NULs skipped.
+
+    `max_bytes` caps the decompressed size of a compressed input (None: DEFAULT_MAX_BYTES and
+    the ratio check; 0: no cap at all).
+    """
     if source.path is None:
         raw: BinaryIO = sys.stdin.buffer
     else:
-        try:
-            raw = open(source.path, "rb")  # noqa: SIM115 - closed by the caller
-        except PermissionError as exc:
-            raise InputError(f"{source.name}: permission denied") from exc
-        except OSError as exc:
-            raise InputError(f"{source.name}: cannot open ({exc.strerror})") from exc
-    head = _peek(raw, 2)
-    if head == GZIP_MAGIC:
+        raw = _open_regular(source)
+        _skip_hole(raw)
+    try:
+        head = _peek(raw, 6)
+        stream: Any = raw
+        if head.startswith((GZIP_MAGIC, BZ2_MAGIC, XZ_MAGIC, ZSTD_MAGIC)):
+            stream = _Decompressed(raw, head, source.name, max_bytes, own=source.path is not None)
+        return _text(stream)  # type: ignore[no-any-return]
+    except BaseException:
         if source.path is not None:
-            # GzipFile(fileobj=...) never closes the file it was given: let gzip own it.
             raw.close()
-            return gzip.open(source.path, "rb")  # type: ignore[return-value]
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
+        raise
+
+
+def _open_regular(source: Source) -> BinaryIO:
+    """Open a regular file, checked on the descriptor: a path swapped for a FIFO or a device
+    after resolve_inputs looked at it is refused, never waited on or read forever."""
+    assert source.path is not None
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(source.path, flags)
+    except PermissionError as exc:
+        raise InputError(f"{source.name}: permission denied") from exc
+    except OSError as exc:
+        raise InputError(f"{source.name}: cannot open ({exc.strerror})") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{source.name}: not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _skip_hole(raw: BinaryIO) -> None:
+    """Seek past a leading hole (a sparse run of NULs) without reading it.
+
+    Runs on a file just opened, before any buffered read: the seek is then a real one.
+    """
+    try:
+        start = os.lseek(raw.fileno(), 0, os.SEEK_DATA)
+    except (OSError, AttributeError, ValueError):
+        start = 0  # no SEEK_DATA here, or all hole: NULs are skipped by reading
+    raw.seek(start)
 
 
 def _peek(stream: BinaryIO, n: int) -> bytes:
@@ -86,8 +140,198 @@ def _peek(stream: BinaryIO, n: int) -> bytes:
     return b""
 
 
+class _Counting(io.RawIOBase):
+    """The compressed file, counting the bytes the decompressor took (for the ratio)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.raw.read(len(buffer))
+        buffer[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+
+class _Decompressed:
+    """A decompressed stream that stops at a size cap and, by default, at a ratio cap."""
+
+    def __init__(
+        self, raw: BinaryIO, head: bytes, name: str, max_bytes: int | None, *, own: bool
+    ) -> None:
+        self.raw, self.own = raw, own
+        self.counted = _Counting(raw)
+        self.cap = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+        self.check_ratio = max_bytes is None
+        self.out = 0
+        self.stop: str | None = None
+        self.dec: Any
+        if head.startswith(GZIP_MAGIC):
+            self.dec = gzip.GzipFile(fileobj=self.counted, mode="rb")
+        elif head.startswith(BZ2_MAGIC):
+            self.dec = bz2.BZ2File(self.counted)
+        elif head.startswith(XZ_MAGIC):
+            self.dec = lzma.LZMAFile(self.counted)  # type: ignore[arg-type]  # noqa: SIM115
+        else:
+            try:
+                from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
+            except ImportError:
+                raise InputError(
+                    f"{name}: zstd-compressed; decompress it first (zstd -d {name})"
+                ) from None
+            self.dec = zstd.ZstdFile(self.counted)
+
+    def read1(self, n: int = -1) -> bytes:
+        if self.stop:
+            raise InputStopped(self.stop)
+        if n < 0:
+            n = BLOCK
+        if self.cap:
+            n = min(n, self.cap - self.out)
+        data: bytes = self.dec.read1(n) if n > 0 else b""
+        self.out += len(data)
+        why = ""
+        if self.cap and self.out >= self.cap:
+            why = f"the cap of {human(self.cap)}"
+        elif (
+            self.check_ratio
+            and self.out > RATIO_AFTER
+            and self.out > MAX_RATIO * max(1, self.counted.count)
+        ):
+            why = f"it expands over {MAX_RATIO}:1, like a decompression bomb"
+        if why and not self.stop:
+            self.stop = (
+                f"stopped reading after {human(self.out)} decompressed from "
+                f"{human(self.counted.count)} ({why}); the verdict covers what was read, "
+                "--max-bytes SIZE reads further"
+            )
+        if self.stop and not data:
+            raise InputStopped(self.stop)
+        return data
+
+    read = read1
+
+    def close(self) -> None:
+        try:
+            self.dec.close()
+        finally:
+            if self.own:
+                self.raw.close()
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),  # before UTF-16 LE: it starts with the same two bytes
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+)
+
+
+class _Text:
+    """UTF-8 bytes from a stream in another encoding, or with junk before its text."""
+
+    def __init__(
+        self, stream: Any, head: bytes, encoding: str | None, failed: Exception | None = None
+    ) -> None:
+        self.stream = stream
+        self.head = head
+        self.failed = failed  # raised once the head is given out
+        self.decoder = (
+            codecs.getincrementaldecoder(encoding)(errors="replace") if encoding else None
+        )
+        self.done = False
+
+    def read1(self, n: int = -1) -> bytes:
+        while not self.done:
+            if self.head:
+                data, self.head = self.head, b""
+            elif self.failed is not None:
+                failed, self.failed = self.failed, None
+                raise failed
+            else:
+                data = _read1(self.stream, n if n > 0 else BLOCK)
+            if self.decoder is None:
+                if not data:
+                    self.done = True
+                return data
+            text = self.decoder.decode(data, final=not data)
+            if not data:
+                self.done = True
+            if text:
+                return text.encode("utf-8", "replace")
+        return b""
+
+    read = read1
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _read1(stream: Any, n: int) -> bytes:
+    read = getattr(stream, "read1", None) or stream.read
+    return bytes(read(n))
+
+
+def _utf16_without_bom(head: bytes) -> str | None:
+    """`L\0O\0G\0`: UTF-16 LE text; `\0L\0O\0G`: BE (ASCII-range text, as logs are)."""
+    sample = head[: len(head) // 2 * 2][:512]
+    if len(sample) < 16:
+        return None
+    even, odd = sample[0::2], sample[1::2]
+    if odd.count(0) >= 0.9 * len(odd) and even.count(0) == 0:
+        return "utf-16-le"
+    if even.count(0) >= 0.9 * len(even) and odd.count(0) == 0:
+        return "utf-16-be"
+    return None
+
+
+def _text(stream: Any) -> Any:
+    """Wrap `stream` so that it yields UTF-8 text bytes (see the module docstring)."""
+    head = b""
+    failed: Exception | None = None  # a stream cut short within its head: keep what came
+    try:
+        while len(head) < _HEAD:
+            data = _read1(stream, _HEAD - len(head))
+            if not data:
+                break
+            head += data
+        for bom, encoding in _BOMS:
+            if head.startswith(bom):
+                plain = encoding == "utf-8"
+                return _Text(stream, head[len(bom) :], None if plain else encoding)
+        utf16 = _utf16_without_bom(head)
+        if utf16:
+            return _Text(stream, head, utf16)
+        if head.startswith(b"\x00"):
+            head = head.lstrip(b"\x00")
+            while not head:  # a long NUL run: read on, holding one block at most
+                data = _read1(stream, BLOCK)
+                if not data:
+                    break
+                head = data.lstrip(b"\x00")
+    except (EOFError, zlib.error, lzma.LZMAError, OSError, TruncatedInput) as exc:
+        failed = exc
+    return _Text(stream, head, None, failed)
+
+
 class TruncatedInput(Exception):
     """The stream ended early (e.g. truncated gzip); what was read is still valid."""
+
+
+class InputStopped(TruncatedInput):
+    """Reading stopped at a cap (decompressed size or ratio); what was read is still valid."""
 
 
 def _read_chunks(stream: BinaryIO) -> Iterator[bytes]:
@@ -107,9 +351,12 @@ def _read_chunks(stream: BinaryIO) -> Iterator[bytes]:
                     break
                 parts.append(piece)
                 size += len(piece)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except (EOFError, zlib.error, lzma.LZMAError, OSError, TruncatedInput) as exc:
+            # OSError: gzip.BadGzipFile, bz2's "Invalid data stream", a read error.
             if parts:
                 yield b"".join(parts)
+            if isinstance(exc, TruncatedInput):
+                raise
             raise TruncatedInput(str(exc) or "unexpected end of compressed data") from exc
         if not parts:
             return

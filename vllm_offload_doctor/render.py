@@ -14,7 +14,7 @@ from vllm_offload_doctor.model import (
     Category,
     RankOffload,
 )
-from vllm_offload_doctor.redact import is_secret_name, redact
+from vllm_offload_doctor.redact import redact, scrub_data, scrub_text
 
 
 class OutputFormat(StrEnum):
@@ -24,16 +24,19 @@ class OutputFormat(StrEnum):
     MARKDOWN = "markdown"
 
 
-def _scrub(value: Any, *, hosts: bool, home: bool, key: str = "") -> Any:
-    """Mask secrets everywhere in a record: string values, and whole values under secret-named keys."""
-    if key and is_secret_name(key) and value not in (None, "", False):
-        return "***"
+def _scrub(value: Any, *, hosts: bool, home: bool) -> Any:
+    """Mask secrets everywhere in a record (see redact.scrub_data); then hosts and homes if asked."""
+    value = scrub_data(value)
+    return _hide_places(value, hosts=hosts, home=home) if hosts or home else value
+
+
+def _hide_places(value: Any, *, hosts: bool, home: bool) -> Any:
     if isinstance(value, str):
         return redact(value, hosts=hosts, home=home)
     if isinstance(value, dict):
-        return {k: _scrub(v, hosts=hosts, home=home, key=str(k)) for k, v in value.items()}
+        return {k: _hide_places(v, hosts=hosts, home=home) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_scrub(v, hosts=hosts, home=home) for v in value]
+        return [_hide_places(v, hosts=hosts, home=home) for v in value]
     return value
 
 
@@ -63,7 +66,7 @@ class Renderer:
         payload = {
             "schema_version": SCHEMA_VERSION,
             "results": [self.record(a) for a in analyses],
-            "errors": list(errors),
+            "errors": [self._r(e) for e in errors],
             "counts": dict(Counter(a.verdict.category.value for a in analyses)),
         }
         return json.dumps(payload, ensure_ascii=False, indent=2)
@@ -89,7 +92,7 @@ class Renderer:
             else "red"
         )
         out = [
-            self._style(f"{a.file}", bold=True),
+            self._style(self._r(a.file), bold=True),
             f"  verdict:  {self._style(v.category.value, fg=colour, bold=True)} — {v.title}",
             f"  {self._r(v.summary)}",
         ]
@@ -130,14 +133,19 @@ class Renderer:
             out.extend(f"    {e.line:>6}: {self._r(e.text)[:300]}" for e in a.notable)
             out.append(f"  next step: {v.remedy}")
         if a.error:
-            out.append(f"  note:     {a.error}")
-        return "\n".join(out)
+            out.append(f"  note:     {self._r(a.error)}")
+        return self._final(out)
+
+    def _final(self, lines: list[str]) -> str:
+        # Evidence lines are consecutive: a PEM block may begin in one and end lines later.
+        text = "\n".join(lines)
+        return scrub_text(text) if self.secrets else text
 
     # -- markdown ------------------------------------------------------------------------------
     def markdown(self, a: Analysis) -> str:
         v, o = a.verdict, a.offload
         out = [
-            f"### `{a.file}`: **{v.category.value}** — {v.title}",
+            f"### `{self._r(a.file)}`: **{v.category.value}** — {v.title}",
             "",
             self._r(v.summary),
             "",
@@ -161,7 +169,9 @@ class Renderer:
             f"<sub>vLLM {f.vllm_version or 'unknown'} · runner {f.model_runner} · "
             f"rule {v.rule_id or 'none'} · offload-doctor</sub>"
         )
-        return "\n".join(out)
+        if a.error:
+            out.append(f"\n> Note: {self._r(a.error)}")
+        return self._final(out)
 
     # -- batch summary -------------------------------------------------------------------------
     def triage_table(
@@ -169,7 +179,7 @@ class Renderer:
     ) -> str:
         rows = [
             (
-                a.file,
+                self._r(a.file),
                 a.verdict.category.value,
                 a.offload.status.value,
                 self._r(a.verdict.summary)[:100],

@@ -9,7 +9,9 @@ a one-line RuleFileError naming the file and the key.
 from __future__ import annotations
 
 import importlib.resources
+import os
 import re
+import stat
 import string
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -26,6 +28,9 @@ from vllm_offload_doctor.model import Category, Severity
 from vllm_offload_doctor.patterns import Bounded
 
 MATCH_TIMEOUT_S = 0.05
+# A rule file is a few hundred bytes; a directory of rules a few dozen files.
+MAX_RULE_FILE_BYTES = 256 << 10
+MAX_RULE_FILES = 1000
 
 _REQUIRED = ("id", "title", "severity", "category", "message", "remedy")
 _OPTIONAL = (
@@ -215,7 +220,10 @@ def load_rules(extra_dirs: Iterable[Path] = ()) -> list[Rule]:
     for directory in (builtin_rules_dir(), *extra_dirs):
         if not directory.is_dir():
             raise RuleFileError(f"{directory}: not a directory of rule files")
-        for path in sorted(directory.glob("*.toml")):
+        paths = sorted(directory.glob("*.toml"))
+        if len(paths) > MAX_RULE_FILES:
+            raise RuleFileError(f"{directory}: over {MAX_RULE_FILES} rule files")
+        for path in paths:
             rule = load_rule(path)
             if rule.id in seen:
                 raise RuleFileError(f"{path}: id: {rule.id} is already defined in {seen[rule.id]}")
@@ -226,12 +234,49 @@ def load_rules(extra_dirs: Iterable[Path] = ()) -> list[Rule]:
 
 def load_rule(path: Path) -> Rule:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(_read_rule_file(path).decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RuleFileError(f"{path}: not valid TOML: {exc}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RuleFileError(f"{path}: cannot read: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise RuleFileError(f"{path}: not UTF-8 text: {exc}") from exc
     return _build(path, data)
+
+
+def _read_rule_file(path: Path) -> bytes:
+    """The bytes of a rule file that is a regular file (symlinks followed) of bounded size.
+
+    Opened without blocking (a FIFO would wait for a writer forever), checked on the open
+    descriptor (no swap between check and read), and read up to the cap only: a link to
+    /dev/zero or a device is refused, never read until memory runs out.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise RuleFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "something else"
+            )
+            raise RuleFileError(f"{path}: not a regular file ({kind}); rule files must be")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_RULE_FILE_BYTES + 1)
+    except OSError as exc:
+        raise RuleFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_RULE_FILE_BYTES:
+        raise RuleFileError(f"{path}: larger than {MAX_RULE_FILE_BYTES >> 10} KiB; not a rule file")
+    return data
 
 
 def _fail(path: Path, key: str, why: str) -> RuleFileError:
