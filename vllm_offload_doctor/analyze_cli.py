@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from vllm_offload_doctor import exitcodes
+from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
 from vllm_offload_doctor.errors import InputError
+from vllm_offload_doctor.formats import OutputFormat
 
-FORMATS = ("text", "json", "jsonl", "markdown")
+if TYPE_CHECKING:
+    from vllm_offload_doctor.rules import Rule
+
+# analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
+# here so that `offload-doctor --help` does not import the renderer.
+FORMATS = (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.JSONL, OutputFormat.MARKDOWN)
 
 
-def _use_color(ctx_color: bool | None) -> bool:
-    if os.environ.get("NO_COLOR"):
-        return False
-    return sys.stdout.isatty() if ctx_color is None else ctx_color
-
-
-@click.command("analyze")
+@click.command("analyze", short_help="Name the root cause in vLLM server logs.")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@format_option(
+    FORMATS, "markdown is a reply to paste into an issue; several inputs end with a triage table."
+)
 @click.option(
     "--rules",
     "rule_dirs",
@@ -36,11 +38,13 @@ def _use_color(ctx_color: bool | None) -> bool:
     is_flag=True,
     help="Also hide host names and home-directory user names (secrets are always hidden).",
 )
-@click.option(
-    "--color/--no-color", default=None, help="Colour the text output (default: on a terminal)."
-)
+@color_option()
 def analyze(
-    paths: tuple[str, ...], fmt: str, rule_dirs: tuple[Path, ...], redact: bool, color: bool | None
+    paths: tuple[str, ...],
+    fmt: OutputFormat,
+    rule_dirs: tuple[Path, ...],
+    redact: bool,
+    color: bool | None,
 ) -> int:
     """Name the root cause in vLLM server logs.
 
@@ -49,12 +53,13 @@ def analyze(
     """
     from vllm_offload_doctor import logread
     from vllm_offload_doctor.analyze import Engine
-    from vllm_offload_doctor.render import Renderer
+    from vllm_offload_doctor.render import RENDERERS, Renderer
 
     engine = Engine(extra_rule_dirs=rule_dirs)
     sources, errors = logread.resolve_inputs(list(paths))
-    use_color = _use_color(color)
+    use_color = resolve_color(color)
     renderer = Renderer(color=use_color, hosts=redact, home=redact)
+    form = RENDERERS[fmt]
     analyses = []
     for msg in errors:
         click.echo(f"offload-doctor: error: {msg}", err=True)
@@ -67,23 +72,18 @@ def analyze(
             click.echo(f"offload-doctor: error: {exc}", err=True)
             continue
         analyses.append(analysis)
-        if fmt == "jsonl":
-            click.echo(renderer.jsonl_line(analysis))
-        elif fmt == "text":
+        if form.item is not None:
             # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
-            click.echo(renderer.text(analysis) + ("\n" if several else ""), color=use_color)
-        elif fmt == "markdown":
-            click.echo(renderer.markdown(analysis) + "\n")
-    if fmt == "json":
-        click.echo(renderer.json(analyses, errors))
-    if several and fmt in ("text", "markdown"):
-        click.echo(renderer.triage_table(analyses, errors, markdown=fmt == "markdown"))
+            click.echo(form.item(renderer, analysis, several), color=use_color)
+    tail = form.end(renderer, analyses, errors, several) if form.end is not None else ""
+    if tail:
+        click.echo(tail, color=use_color)
     if errors:
         return exitcodes.USAGE
     return exitcodes.FOUND if any(a.failed for a in analyses) else exitcodes.OK
 
 
-@click.command("rules")
+@click.command("rules", short_help="List the log rules, or explain one.")
 @click.argument("rule_id", required=False)
 @click.option(
     "--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path)
@@ -100,8 +100,7 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
         if fmt == "json":
             click.echo(json.dumps([_rule_dict(r) for r in loaded], indent=2, ensure_ascii=False))
             return exitcodes.OK
-        for r in sorted(loaded, key=lambda r: (-r.precedence, r.id)):
-            click.echo(f"{r.id}  {r.category.value:<18} {r.severity.value:<8} {r.title}")
+        click.echo(_rule_table(loaded))
         return exitcodes.OK
     wanted = rule_id.upper()
     match = [r for r in loaded if r.id == wanted or r.name == rule_id]
@@ -125,6 +124,19 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
     lines.append(f"  file:       {r.source}")
     click.echo("\n".join(lines))
     return exitcodes.OK
+
+
+def _rule_table(loaded: list[Rule]) -> str:
+    """One line per rule, highest precedence first, every column as wide as its longest cell."""
+    rows = [
+        (r.id, r.category.value, r.severity.value, r.title)
+        for r in sorted(loaded, key=lambda r: (-r.precedence, r.id))
+    ]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)) + "  " + row[3]
+        for row in rows
+    )
 
 
 def _rule_dict(r: object) -> dict[str, object]:

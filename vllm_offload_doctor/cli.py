@@ -22,11 +22,7 @@ from vllm_offload_doctor.errors import DoctorError
 def cli() -> None:
     """The truth about vLLM's --cpu-offload-gb.
 
-    \b
-      check     can this machine and this vLLM offload at all?
-      compare   run offload 0 vs X and say whether it took effect
-      analyze   name the root cause in vLLM server logs
-      rules     list or explain the log rules
+    Run `offload-doctor COMMAND --help` for a command's options.
     """
 
 

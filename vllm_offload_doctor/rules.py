@@ -35,9 +35,7 @@ _OPTIONAL = (
     "when",
     "links",
     "cases",
-    "aliases",
-    "summary",
-)
+)  # `aliases` and `summary` were accepted and then dropped: now they are unknown keys
 _WHEN_KEYS = ("all", "any", "absent")
 _CASE_KEYS = ("log", "expect", "note")
 _WHERE = ("message", "line")
