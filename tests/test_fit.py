@@ -10,22 +10,10 @@ import pytest
 from vllm_offload_doctor.fit import GIB, model_shape, plan
 from vllm_offload_doctor.modelsize import size_model
 
-# The section-6 model of ../shared/device/README.md: Qwen3 scaled up to 81.5 B parameters.
-H200_MODEL = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 8192,
-    "intermediate_size": 29568,
-    "num_hidden_layers": 90,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": False,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "max_window_layers": 90,
-    "torch_dtype": "bfloat16",
-}
+# The section-6 model of ../shared/device/README.md (Qwen3 scaled up to 81.5 B parameters): the
+# config.json vLLM loaded on the H200, kept beside the bisection it was measured with.
+BISECT = Path(__file__).resolve().parents[1] / "fixtures" / "h200-compare" / "big-model-bisect"
+H200_MODEL = json.loads((BISECT / "big-config.json").read_text())
 # What vLLM 0.25.1 logged on the H200 (139.8 GiB, --gpu-memory-utilization 0.92 default,
 # --max-model-len 2048, --enforce-eager, VLLM_USE_V2_MODEL_RUNNER=0, --cpu-offload-gb 30).
 H200_TOTAL = 139.8 * GIB
@@ -78,6 +66,45 @@ def test_estimate_is_within_1_gib_of_the_h200_need(h200_model: Path) -> None:
     assert tokens is not None and abs(tokens - KV_TOKENS) / KV_TOKENS < 0.1
 
 
+# fixtures/h200-compare/big-model-bisect/README.md: --cpu-offload-gb 25 and 26 failed to start
+# (no memory for cache blocks; 0.28 GiB of KV cache short), 27 served. Least offload: 26.44 GiB.
+BISECT_SERVES = {25: False, 26: False, 27: True}
+LEAST_OFFLOAD = 26.44
+
+
+def test_estimate_is_within_1_gib_of_the_bisected_minimum(h200_model: Path) -> None:
+    size = size_model(h200_model)
+    p = plan(
+        size.total_bytes, size.shape, tp=1, gpu_total=H200_TOTAL, utilization=0.92,
+        max_model_len=2048,
+    )  # fmt: skip
+    assert p.to_offload is not None and p.min_offload_gib is not None
+    assert abs(p.to_offload / GIB - LEAST_OFFLOAD) < 1
+    assert abs(p.min_offload_gib - min(k for k, ok in BISECT_SERVES.items() if ok)) <= 1
+
+
+def test_check_agrees_with_the_bisection(h200_model: Path) -> None:
+    """`check --model DIR --max-model-len 2048 --gpu-memory-gib 139.8 --offload-gb N`, no GPU here."""
+    from dataclasses import replace
+
+    from test_checks import PY, FakeProbe
+
+    from vllm_offload_doctor.checks import Options, Status, run_checks
+    from vllm_offload_doctor.probes import NvmlInfo
+
+    probe = FakeProbe(
+        model=size_model(h200_model),
+        nvml_info=NvmlInfo(error="no driver"),
+        interp=replace(PY, vllm_version="0.25.1"),
+    )
+    for offload, served in BISECT_SERVES.items():
+        options = Options(
+            model=str(h200_model), max_model_len=2048, gpu_memory_gib=139.8, offload_gb=offload
+        )
+        fit = next(c for c in run_checks(probe, options).checks if c.id == "fit")
+        assert (fit.status is Status.OK) == served, (offload, fit.message)
+
+
 def test_default_max_model_len_is_the_models(h200_model: Path) -> None:
     size = size_model(h200_model)
     p = plan(
@@ -88,8 +115,8 @@ def test_default_max_model_len_is_the_models(h200_model: Path) -> None:
         utilization=0.92,
         max_model_len=None,
     )
-    assert p.max_model_len == 40960
-    assert p.kv_cache == 40960 * 368640
+    assert p.max_model_len == H200_MODEL["max_position_embeddings"]
+    assert p.kv_cache == H200_MODEL["max_position_embeddings"] * 368640
 
 
 def test_head_dim_defaults_to_hidden_over_heads() -> None:
