@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_corpus import CORPUS, NOT_FOUND
 
 from vllm_offload_doctor import cli, redact
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 needs_corpus = pytest.mark.skipif(
-    not (CORPUS / "H-001.log").is_file(), reason=f"labelled corpus not found at {CORPUS}"
+    not (CORPUS / "H-001.log").is_file(), reason=NOT_FOUND
 )
 
 HEALTHY = "H-001.log"  # healthy, no offload requested
@@ -76,7 +76,7 @@ def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 @pytest.fixture
 def logs(tmp_path: Path) -> Path:
     if not (CORPUS / HEALTHY).is_file():
-        pytest.skip(f"labelled corpus not found at {CORPUS}")
+        pytest.skip(NOT_FOUND)
     for name in (HEALTHY, EFFECTIVE, PORT, OOM):
         shutil.copy(CORPUS / name, tmp_path / name)
     return tmp_path

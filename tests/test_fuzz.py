@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_corpus import CORPUS, NOT_FOUND
 
 from vllm_offload_doctor import logread
 from vllm_offload_doctor.analyze import Engine
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.model import Analysis, Category
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CATEGORIES = {c.value for c in Category}
 SEEDS = ["A-012.log", "B-005.log", "H-002.log", "H-003.log", "B-021.log", "C-016.log"]
 PER_EXAMPLE_S = 5.0
@@ -38,7 +38,7 @@ def _seed_lines() -> list[list[str]]:
 
 
 SEED_LINES = _seed_lines()
-needs_corpus = pytest.mark.skipif(not SEED_LINES, reason=f"labelled corpus not found at {CORPUS}")
+needs_corpus = pytest.mark.skipif(not SEED_LINES, reason=NOT_FOUND)
 
 
 def check(analysis: Analysis) -> None:

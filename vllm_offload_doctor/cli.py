@@ -31,7 +31,8 @@ def _register() -> None:
     from vllm_offload_doctor.check_cli import check
     from vllm_offload_doctor.compare_cli import compare
 
-    for command in (check, compare, analyze, rules):
+    commands: tuple[click.Command, ...] = (check, compare, analyze, rules)
+    for command in commands:
         cli.add_command(command)
 
 

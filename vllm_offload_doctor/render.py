@@ -30,7 +30,7 @@ def _scrub(value: Any, *, hosts: bool, home: bool, key: str = "") -> Any:
         return redact(value, hosts=hosts, home=home)
     if isinstance(value, dict):
         return {k: _scrub(v, hosts=hosts, home=home, key=str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list | tuple):
         return [_scrub(v, hosts=hosts, home=home) for v in value]
     return value
 
@@ -54,7 +54,10 @@ class Renderer:
 
     def record(self, analysis: Analysis) -> dict[str, Any]:
         data = analysis.to_dict()
-        return _scrub(data, hosts=self.hosts, home=self.home) if self.secrets else data
+        if not self.secrets:
+            return data
+        scrubbed: dict[str, Any] = _scrub(data, hosts=self.hosts, home=self.home)
+        return scrubbed
 
     # -- json ---------------------------------------------------------------------------------
     def json(self, analyses: Sequence[Analysis], errors: Sequence[str]) -> str:
