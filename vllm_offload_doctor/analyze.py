@@ -91,12 +91,6 @@ _FATAL_HINT = re.compile(
     r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
 )
 MAX_EVIDENCE = 5
-GIB_TOLERANCE = 0.05
-
-OFFLOAD_LINKS = (
-    "https://github.com/vllm-project/vllm/issues/51396",
-    "https://github.com/vllm-project/vllm/pull/51413",
-)
 
 
 @dataclass(slots=True)

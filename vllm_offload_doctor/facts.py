@@ -66,7 +66,6 @@ _GPU_NAME = re.compile(
 _WSL = re.compile(
     r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2"
 )
-_READY = re.compile(r"^(?:Application startup complete|Uvicorn running on )")
 _SERVED = re.compile(r'"(?:POST|GET) /v1/(?:chat/)?completions HTTP/1\.[01]" 200')
 _SERVING_SETUP = re.compile(
     r"^(?:Available routes are|Route: /v1/|Started server process|Waiting for application startup"
