@@ -129,7 +129,7 @@ def test_options_reach_the_checks(
     code, out, _ = cli(
         capsys, "--format", "json", "--cpu-offload-gb", "10", "-tp", "2", "--model", m,
         "--gpu-memory-utilization", "0.8", "--port", "9000", "--host", "0.0.0.0",
-        "--max-model-len", "4096", "--gpu-memory-gib", "80",
+        "--max-model-len", "4096", "--gpu-memory-gib", "80", "--kv-cache-dtype", "fp8",
     )  # fmt: skip
     data = json.loads(out)
     assert data["facts"]["options"] == {
@@ -139,6 +139,7 @@ def test_options_reach_the_checks(
         "model": m,
         "max_model_len": 4096,
         "gpu_memory_gib": 80.0,
+        "kv_cache_dtype": "fp8",
         "python": None,
         "host": "0.0.0.0",
         "port": 9000,

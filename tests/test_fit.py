@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload_doctor.fit import GIB, model_shape, plan
+from vllm_offload_doctor.fit import GIB, FitPlan, model_shape, plan
 from vllm_offload_doctor.modelsize import size_model
 
 # The section-6 model of ../shared/device/README.md (Qwen3 scaled up to 81.5 B parameters): the
@@ -136,6 +136,23 @@ def test_tensor_parallel_splits_kv_heads_but_never_below_one() -> None:
     assert shape is not None
     assert shape.kv_bytes_per_token(tp=2) == shape.kv_bytes_per_token() // 2
     assert shape.kv_bytes_per_token(tp=16) == 2 * 80 * 1 * 128 * 2  # replicated
+
+
+def test_kv_cache_dtype_sizes_the_cache_not_the_activations(h200_model: Path) -> None:
+    size = size_model(h200_model)
+
+    def with_kv(dtype: str | None) -> FitPlan:
+        return plan(
+            size.total_bytes, size.shape, tp=1, gpu_total=H200_TOTAL, utilization=0.92,
+            max_model_len=2048, kv_cache_dtype=dtype,
+        )  # fmt: skip
+
+    model, auto, fp8 = with_kv(None), with_kv("auto"), with_kv("fp8")
+    assert auto == model
+    assert fp8.kv_cache is not None and model.kv_cache is not None
+    assert fp8.kv_cache * 2 == model.kv_cache
+    assert fp8.kv_per_token == 2 * 90 * 8 * 128 * 1
+    assert fp8.activation == model.activation
 
 
 def test_mla_caches_one_latent_per_layer() -> None:

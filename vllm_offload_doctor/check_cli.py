@@ -9,6 +9,7 @@ import click
 
 from vllm_offload_doctor.check_render import RENDERERS
 from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
+from vllm_offload_doctor.fit import KV_CACHE_DTYPES
 from vllm_offload_doctor.formats import OutputFormat
 
 
@@ -50,6 +51,13 @@ from vllm_offload_doctor.formats import OutputFormat
     help="Context length vLLM will serve; sizes the KV cache [default: the model's].",
 )
 @click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(KV_CACHE_DTYPES),
+    default="auto",
+    show_default=True,
+    help="vLLM's --kv-cache-dtype; sizes the KV cache (auto: the model's dtype).",
+)
+@click.option(
     "--gpu-memory-gib",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
@@ -81,6 +89,7 @@ def check(
     gpu_memory_utilization: float | None,
     model: str | None,
     max_model_len: int | None,
+    kv_cache_dtype: str,
     gpu_memory_gib: float | None,
     python: str | None,
     host: str,
@@ -113,6 +122,7 @@ def check(
         model=model,
         max_model_len=max_model_len,
         gpu_memory_gib=gpu_memory_gib,
+        kv_cache_dtype=kv_cache_dtype,
         python=python,
         host=host,
         port=port,

@@ -9,7 +9,8 @@ vLLM's start-up (V1 `determine_available_memory`): load the weights, run one dum
     weights/TP - offload + KV(max_model_len) + activation peak + non-torch overhead
 
 - KV bytes per token per GPU = 2 (K and V) x layers x max(1, KV heads / TP) x head dim x KV dtype bytes
-  (head dim = hidden / heads when config.json has none). MLA models (DeepSeek) cache one latent of
+  (head dim = hidden / heads when config.json has none; KV dtype: the model's unless vLLM's
+  --kv-cache-dtype says otherwise). MLA models (DeepSeek) cache one latent of
   kv_lora_rank + qk_rope_head_dim per layer instead. Sliding-window layers hold at most their window.
   Mamba/linear-attention layers are not modelled: the KV cache is then unknown and left out.
 - Activation peak: the dummy pass's MLP holds the residual and normed input (2 x hidden) plus gate_up
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 GIB = 1 << 30
@@ -36,6 +37,7 @@ DTYPE_BYTES = {
     "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
     "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
 }  # fmt: skip
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 _MAX_LEN_KEYS = (
     "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
     "max_sequence_length", "max_seq_length", "seq_len",
@@ -56,14 +58,16 @@ class ModelShape:
     mla_dim: int | None = None  # kv_lora_rank + qk_rope_head_dim for MLA models
     sliding: tuple[int, int] | None = None  # (sliding layers, window)
     kv_unknown: str = ""  # why the KV cache cannot be estimated, if it cannot
+    kv_dtype_bytes: int | None = None  # --kv-cache-dtype's, when not the model's
 
     def kv_bytes_per_token(self, tp: int = 1) -> int | None:
         """KV cache bytes per token per GPU with every layer full (None when unknown)."""
         if self.kv_unknown:
             return None
+        size = self.kv_dtype_bytes or self.dtype_bytes
         if self.mla_dim is not None:  # the latent is replicated on every rank
-            return self.layers * self.mla_dim * self.dtype_bytes
-        return 2 * self.layers * max(1, self.kv_heads // tp) * self.head_dim * self.dtype_bytes
+            return self.layers * self.mla_dim * size
+        return 2 * self.layers * max(1, self.kv_heads // tp) * self.head_dim * size
 
     def kv_bytes(self, tokens: int, tp: int = 1) -> int | None:
         """KV cache for one request of `tokens` tokens, per GPU."""
@@ -127,6 +131,13 @@ def _layer_kinds(cfg: Mapping[str, Any]) -> tuple[tuple[int, int] | None, str]:
     return None, ""
 
 
+def kv_dtype_bytes(kv_cache_dtype: str | None) -> int | None:
+    """Bytes per element of vLLM's --kv-cache-dtype; None for "auto" (the model's dtype)."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return None
+    return DTYPE_BYTES[kv_cache_dtype]
+
+
 def batched_tokens(gpu_total: float | None) -> int:
     """vLLM serve's default max_num_batched_tokens: 8192 on GPUs of 70 GiB or more, else 2048."""
     return 8192 if gpu_total is None or gpu_total >= LARGE_GPU_BYTES else 2048
@@ -143,6 +154,7 @@ class FitPlan:
     budget: float | None
     max_model_len: int | None
     tokens: int  # max_num_batched_tokens of the dummy pass
+    kv_per_token: int | None = None  # KV bytes per token per GPU, every layer full
 
     @property
     def need(self) -> float:
@@ -176,8 +188,11 @@ def plan(
     gpu_total: float | None,
     utilization: float,
     max_model_len: int | None,
+    kv_cache_dtype: str | None = None,
 ) -> FitPlan:
     """The per-GPU memory plan for `vllm serve` with these settings."""
+    if shape is not None and kv_cache_dtype is not None:
+        shape = replace(shape, kv_dtype_bytes=kv_dtype_bytes(kv_cache_dtype))
     length = max_model_len or (shape.max_model_len if shape else None)
     tokens = batched_tokens(gpu_total)
     kv = shape.kv_bytes(length, tp) if shape and length else None
@@ -193,4 +208,5 @@ def plan(
         budget=None if gpu_total is None else gpu_total * utilization,
         max_model_len=length,
         tokens=tokens,
+        kv_per_token=shape.kv_bytes_per_token(tp) if shape else None,
     )

@@ -2,7 +2,7 @@
 
 Needs `--model` (a local directory, or a repo id already in the Hugging Face cache; never downloaded).
 The need per GPU is weights / TP + the KV cache of one `--max-model-len` request (default: the
-model's own limit) + the activation peak of vLLM's profiling pass + non-torch overhead; the budget is
+model's own limit; in `--kv-cache-dtype`, default the model's dtype) + the activation peak of vLLM's profiling pass + non-torch overhead; the budget is
 `--gpu-memory-utilization` (default: the installed vLLM's, 0.92 from 0.20.0, 0.9 before) x the
 smallest GPU used. The arithmetic and its calibration on an H200 are in `vllm_offload_doctor.fit`.
 Fails when the weights do not fit with the offload given, warns when offload is given but not
@@ -39,8 +39,9 @@ def check_fit(ctx: Context, r: Result) -> CheckResult:
         gpu_total=total,
         utilization=ctx.gpu_memory_utilization,
         max_model_len=opts.max_model_len,
+        kv_cache_dtype=opts.kv_cache_dtype,
     )
-    details = [*_need_details(size, p, n), *_budget_details(ctx, p, gpu)]
+    details = [*_need_details(size, p, n, opts.kv_cache_dtype), *_budget_details(ctx, p, gpu)]
     est = " (estimated from config.json)" if size.estimated else ""
     weights = f"{gib(p.weights)} of weights per GPU{est}"
     need = f"{gib(p.need)} needed per GPU{_for_length(p)}"
@@ -130,7 +131,11 @@ def _kv_room(p: FitPlan, offload: float) -> str:
     return "" if tokens is None else f", KV cache for about {tokens:,} tokens"
 
 
-def _need_details(size: ModelSize, p: FitPlan, n: int) -> list[str]:
+def _kv_dtype(kv_cache_dtype: str | None) -> str:
+    return f", --kv-cache-dtype {kv_cache_dtype}" if kv_cache_dtype not in (None, "auto") else ""
+
+
+def _need_details(size: ModelSize, p: FitPlan, n: int, opts_kv: str | None) -> list[str]:
     out = [
         f"weights: {gib(size.total_bytes)} ({size.source})"
         + (f", dtype {size.dtype}" if size.dtype else ""),
@@ -143,10 +148,10 @@ def _need_details(size: ModelSize, p: FitPlan, n: int) -> list[str]:
         why = shape.kv_unknown or "no max-model-len in config.json (pass --max-model-len)"
         out.append(f"KV cache: unknown ({why}): not counted, the need is a lower bound")
     else:
-        per_token = (shape.kv_bytes_per_token(n) or 0) / 1024
+        per_token = (p.kv_per_token or 0) / 1024
         out.append(
             f"KV cache for one {p.max_model_len}-token request: {gib(p.kv_cache)} "
-            f"({per_token:,.0f} KiB per token per GPU)"
+            f"({per_token:,.0f} KiB per token per GPU{_kv_dtype(opts_kv)})"
         )
     if p.activation is not None:
         out.append(

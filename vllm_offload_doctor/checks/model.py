@@ -95,6 +95,7 @@ class Options:
     model: str | None = None
     max_model_len: int | None = None  # None: the model's own
     gpu_memory_gib: float | None = None  # plan for a GPU of this size instead of the one here
+    kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype; None or "auto": the model's
     python: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
