@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_corpus import CORPUS, NOT_FOUND
 
 from vllm_offload_doctor import cli, redact
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 needs_corpus = pytest.mark.skipif(
-    not (CORPUS / "H-001.log").is_file(), reason=f"labelled corpus not found at {CORPUS}"
+    not (CORPUS / "H-001.log").is_file(), reason=NOT_FOUND
 )
 
 HEALTHY = "H-001.log"  # healthy, no offload requested
@@ -76,7 +76,7 @@ def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 @pytest.fixture
 def logs(tmp_path: Path) -> Path:
     if not (CORPUS / HEALTHY).is_file():
-        pytest.skip(f"labelled corpus not found at {CORPUS}")
+        pytest.skip(NOT_FOUND)
     for name in (HEALTHY, EFFECTIVE, PORT, OOM):
         shutil.copy(CORPUS / name, tmp_path / name)
     return tmp_path
@@ -203,9 +203,19 @@ def test_no_ansi_when_not_a_tty(logs: Path) -> None:
     assert not ANSI.search(proc.stdout + proc.stderr)
 
 
-def test_no_color_env_wins_over_color_flag(logs: Path) -> None:
-    proc = run("--color", PORT, cwd=logs, env={"NO_COLOR": "1"})
-    assert not ANSI.search(proc.stdout)
+def test_color_flag_wins_over_no_color_env(logs: Path) -> None:
+    assert ANSI.search(run("--color", PORT, cwd=logs, env={"NO_COLOR": "1"}).stdout)
+    assert not ANSI.search(run("--no-color", PORT, cwd=logs, env={"FORCE_COLOR": "1"}).stdout)
+
+
+def test_force_color_colours_a_pipe_and_no_color_beats_it(logs: Path) -> None:
+    clean = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    forced = subprocess.run(
+        [sys.executable, "-m", "vllm_offload_doctor", "analyze", PORT],
+        capture_output=True, text=True, cwd=logs, env={**clean, "FORCE_COLOR": "1"}, timeout=120,
+    )  # fmt: skip
+    assert ANSI.search(forced.stdout)
+    assert not ANSI.search(run(PORT, cwd=logs, env={"FORCE_COLOR": "1", "NO_COLOR": "1"}).stdout)
 
 
 def test_color_flag_colours_text(logs: Path) -> None:

@@ -10,13 +10,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from test_checks import H100, NVML, PY, WSL2, FakeProbe
 
 from vllm_offload_doctor import probes, redact
-from vllm_offload_doctor.check_render import RENDERERS, OutputFormat, render
-from vllm_offload_doctor.checks import GIB, Options, Status, run_checks
+from vllm_offload_doctor.check_render import RENDERERS, render
+from vllm_offload_doctor.checks import Options, Status, run_checks
+from vllm_offload_doctor.checks.context import GIB
 from vllm_offload_doctor.cli import main
+from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.ports import PortState
 from vllm_offload_doctor.probes import GpuProcess
 
@@ -117,20 +120,26 @@ def test_usage_errors_exit_2(
 
 
 def test_options_reach_the_checks(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     probe = FakeProbe(nvml_info=replace(NVML, gpus=(H100, replace(H100, index=1))))
     use_probe(monkeypatch, probe)
+    (tmp_path / "config.json").write_text("{}")
+    m = str(tmp_path)
     code, out, _ = cli(
-        capsys, "--format", "json", "--cpu-offload-gb", "10", "-tp", "2", "--model", "m",
+        capsys, "--format", "json", "--cpu-offload-gb", "10", "-tp", "2", "--model", m,
         "--gpu-memory-utilization", "0.8", "--port", "9000", "--host", "0.0.0.0",
+        "--max-model-len", "4096", "--gpu-memory-gib", "80", "--kv-cache-dtype", "fp8",
     )  # fmt: skip
     data = json.loads(out)
     assert data["facts"]["options"] == {
         "offload_gb": 10.0,
         "tensor_parallel_size": 2,
         "gpu_memory_utilization": 0.8,
-        "model": "m",
+        "model": m,
+        "max_model_len": 4096,
+        "gpu_memory_gib": 80.0,
+        "kv_cache_dtype": "fp8",
         "python": None,
         "host": "0.0.0.0",
         "port": 9000,
@@ -146,11 +155,47 @@ def test_options_reach_the_checks(
 # --- rendering -----------------------------------------------------------------------
 
 
-def test_every_format_has_a_renderer() -> None:
-    assert set(RENDERERS) == set(OutputFormat)
+def test_every_format_choice_has_a_renderer_and_renders() -> None:
+    from vllm_offload_doctor.check_cli import check
+
+    option = next(p for p in check.params if p.name == "fmt")
+    assert isinstance(option.type, click.Choice)
+    assert [OutputFormat(c) for c in option.type.choices] == list(RENDERERS)
     report = run_checks(FakeProbe(), Options())
-    for fmt in OutputFormat:
+    for fmt in RENDERERS:
         assert render(report, fmt).strip()
+
+
+@pytest.mark.parametrize(
+    "model", ["/no/such/model/dir", "org/not-cached", "{empty}"], ids=["path", "repo", "no-config"]
+)
+def test_bad_model_is_a_usage_error_naming_it(
+    model: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    use_probe(monkeypatch, FakeProbe())
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if model == "{empty}":
+        model = str(tmp_path)
+    code, out, err = cli(capsys, "--model", model)
+    assert code == 2
+    assert out == ""
+    assert model in err and err.count("\n") == 1
+    assert "no GPU information" not in err
+
+
+def test_list_shows_every_check_with_its_documentation(capsys: pytest.CaptureFixture[str]) -> None:
+    from vllm_offload_doctor.checks import all_checks
+
+    code, out, _ = cli(capsys, "--list", "-v")
+    assert code == 0
+    for c in all_checks():
+        assert f"{c.id}  " in out or f"{c.id} " in out
+        assert c.doc and c.doc.splitlines()[0] in out
+    assert "--gpu-memory-gib" in out  # the fit check's documentation, in full with -v
 
 
 def test_text_is_flutter_style_and_plain_when_not_a_tty(

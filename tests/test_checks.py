@@ -8,17 +8,11 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from vllm_offload_doctor.checks import (
-    GIB,
-    CheckResult,
-    Options,
-    Report,
-    Status,
-    env_effect,
-    kernel_tuple,
-    run_checks,
-    visible_indices,
-)
+from vllm_offload_doctor.checks import CheckResult, Options, Report, Status, run_checks
+from vllm_offload_doctor.checks.context import GIB, visible_indices
+from vllm_offload_doctor.checks.env import env_effect
+from vllm_offload_doctor.checks.platform import kernel_tuple
+from vllm_offload_doctor.fit import model_shape
 from vllm_offload_doctor.modelsize import ModelNotFoundError, ModelSize
 from vllm_offload_doctor.ports import PortState
 from vllm_offload_doctor.probes import (
@@ -67,6 +61,20 @@ MEM = HostMemory(
     memlock_soft=8 << 20,
     memlock_hard=8 << 20,
 )
+SHAPE_8B = model_shape(
+    {
+        "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    },
+    "bfloat16",
+)  # fmt: skip
+SHAPE_70B = model_shape(
+    {
+        "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "intermediate_size": 28672, "max_position_embeddings": 131072,
+    },
+    "bfloat16",
+)  # fmt: skip
 MODEL_16G = ModelSize(
     path="/models/llama-8b",
     total_bytes=16 * GIB,
@@ -74,6 +82,7 @@ MODEL_16G = ModelSize(
     estimated=False,
     architectures=("LlamaForCausalLM",),
     dtype="bfloat16",
+    shape=SHAPE_8B,
 )
 
 
@@ -553,9 +562,10 @@ def test_fit_model_not_local_skips_with_reason() -> None:
 
 
 def test_fits_without_offload_ok() -> None:
-    result = one("fit", model="m")
+    result = one("fit", model="m")  # 16 + 16 (KV, 131072 tokens) + 0.8 + 1 of 73.6 GiB
     assert result.status is Status.OK
     assert "without offload" in result.message
+    assert "KV cache for one 131072-token request: 16.0 GiB" in "\n".join(result.details)
 
 
 def test_fits_without_offload_but_offload_given_warns_slower() -> None:
@@ -565,45 +575,59 @@ def test_fits_without_offload_but_offload_given_warns_slower() -> None:
     assert "https://github.com/vllm-project/vllm/issues/57771" in result.links
 
 
-BIG = replace(MODEL_16G, total_bytes=140 * GIB)  # a 70B model in bf16
+BIG = replace(MODEL_16G, total_bytes=140 * GIB, shape=SHAPE_70B)  # a 70B model in bf16
+# With --max-model-len 8192 on an 80 GiB GPU: 140 weights + 2.5 KV (320 KiB x 8192) + 1.5625
+# activation (8192 x (2 x 8192 + 3 x 28672) x 2 bytes) + 1 overhead = 145.06 GiB, against a
+# budget of 0.92 x 80 = 73.6 GiB: 71.46 GiB to offload, 72 whole GiB.
+CTX = 8192
 
 
 def test_does_not_fit_without_offload_fails_with_minimum() -> None:
-    result = one("fit", FakeProbe(model=BIG), model="m")
+    result = one("fit", FakeProbe(model=BIG), model="m", max_model_len=CTX)
     assert result.status is Status.FAIL
-    # budget 72 GiB, headroom 3.6 GiB: 140 + 3.6 - 72 = 71.6 -> 72
-    assert "at least 72 GiB" in result.message
+    assert "offload at least 72 GiB" in result.message
+    assert "145.1 GiB needed per GPU with max-model-len 8192" in result.message
 
 
-def test_fits_only_with_offload_ok() -> None:
-    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=80)
+def test_default_context_is_the_models_and_costs_its_kv_cache() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m")  # 131072 tokens: 40 GiB of KV cache
+    assert result.status is Status.FAIL
+    assert "offload at least 109 GiB" in result.message
+
+
+def test_fits_only_with_offload_ok_and_says_how_much_kv_is_left() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=80, max_model_len=CTX)
     assert result.status is Status.OK
-    assert "fit only with offload" in result.message
+    assert "only with offload, at least 72 GiB per GPU" in result.message
+    # 8.54 GiB over the need plus the 2.5 GiB request: 11.04 GiB / 320 KiB = 36,166 tokens
+    assert "KV cache for about 36,16" in result.message
 
 
 def test_offloading_more_than_needed_is_noted() -> None:
-    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=100)
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=100, max_model_len=CTX)
     assert result.status is Status.OK
     assert "offloading more than 72 GiB per GPU only costs speed" in result.details
 
 
 def test_offloading_more_than_the_weights_warns() -> None:
-    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=150)
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=150, max_model_len=CTX)
     assert result.status is Status.WARN
     assert "--cpu-offload-gb 72" in result.remedy
 
 
 def test_does_not_fit_even_with_offload_fails() -> None:
-    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=20)
+    result = one("fit", FakeProbe(model=BIG), model="m", offload_gb=20, max_model_len=CTX)
     assert result.status is Status.FAIL
     assert "even with 20 GiB offloaded" in result.message
 
 
 def test_fit_per_gpu_with_tensor_parallel() -> None:
     probe = FakeProbe(model=BIG, nvml_info=two_gpus())
-    result = one("fit", probe, model="m", tensor_parallel_size=2)  # 70 per GPU, 72 budget
-    assert result.status is Status.FAIL  # headroom 3.6 GiB does not fit
-    result = one("fit", probe, model="m", tensor_parallel_size=2, offload_gb=2)
+    # per GPU: 70 + 20 (KV: 4 of 8 KV heads, 131072 tokens) + 0.91 + 1 = 91.9 GiB of 73.6
+    result = one("fit", probe, model="m", tensor_parallel_size=2)
+    assert result.status is Status.FAIL
+    assert "offload at least 19 GiB" in result.message
+    result = one("fit", probe, model="m", tensor_parallel_size=2, offload_gb=19)
     assert result.status is Status.OK
     assert "70.0 GiB of weights per GPU" in result.message
 
@@ -620,6 +644,37 @@ def test_fit_estimate_is_labelled() -> None:
     est = replace(MODEL_16G, estimated=True, source="estimate from config.json")
     result = one("fit", FakeProbe(model=est), model="m")
     assert "estimated" in result.message
+
+
+def test_fit_without_config_shape_says_the_need_is_weights_only() -> None:
+    bare = replace(BIG, shape=None)
+    result = one("fit", FakeProbe(model=bare), model="m")
+    assert "141.0 GiB needed per GPU" in result.message  # weights + 1 GiB overhead
+    assert any("KV cache and activations: unknown" in d for d in result.details)
+
+
+@pytest.mark.parametrize(("vllm", "budget"), [("0.19.1", "72.0 GiB"), ("0.25.1", "73.6 GiB")])
+def test_fit_budget_uses_the_installed_vllms_default_utilization(vllm: str, budget: str) -> None:
+    probe = FakeProbe(model=BIG, interp=replace(PY, vllm_version=vllm))
+    result = one("fit", probe, model="m", max_model_len=CTX)
+    assert f"does not fit in {budget}" in result.message
+    assert any(f"vLLM {vllm}'s default" in d for d in result.details)
+
+
+def test_fit_without_gpu_still_reports_the_need() -> None:
+    probe = FakeProbe(model=BIG, nvml_info=NvmlInfo(error="no driver"))
+    result = one("fit", probe, model="m", max_model_len=CTX)
+    assert result.status is Status.SKIP
+    assert "140.0 GiB of weights per GPU, 145.1 GiB needed per GPU" in result.message
+    assert "--gpu-memory-gib" in result.message
+
+
+def test_gpu_memory_gib_plans_for_a_gpu_that_is_not_here() -> None:
+    probe = FakeProbe(model=BIG, nvml_info=NvmlInfo(error="no driver"))
+    result = one("fit", probe, model="m", max_model_len=CTX, gpu_memory_gib=160)
+    assert result.status is Status.OK  # 0.92 x 160 = 147.2 GiB >= 145.06
+    assert "fits in 147.2 GiB without offload" in result.message
+    assert any("--gpu-memory-gib 160" in d for d in result.details)
 
 
 # --- port ------------------------------------------------------------------------------

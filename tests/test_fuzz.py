@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planted_secrets import PLACES, SECRETS, SELF_EVIDENT, assert_no_leak, leaks, planted_line
+from shared_corpus import CORPUS, NOT_FOUND
 
 from vllm_offload_doctor import logread, redact
 from vllm_offload_doctor.analyze import Engine
@@ -24,7 +25,6 @@ from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.model import Analysis, Category
 from vllm_offload_doctor.render import Renderer
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CATEGORIES = {c.value for c in Category}
 SEEDS = ["A-012.log", "B-005.log", "H-002.log", "H-003.log", "B-021.log", "C-016.log"]
 FIXTURE_LOGS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "logs").glob("*.log"))
@@ -48,7 +48,7 @@ def _seed_lines() -> list[list[str]]:
 
 
 SEED_LINES = _seed_lines()
-needs_corpus = pytest.mark.skipif(not SEED_LINES, reason=f"labelled corpus not found at {CORPUS}")
+needs_corpus = pytest.mark.skipif(not SEED_LINES, reason=NOT_FOUND)
 
 
 def check(analysis: Analysis) -> None:

@@ -12,10 +12,9 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from shared_corpus import CORPUS, NOT_FOUND
 
 from vllm_offload_doctor import logread
-
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 OOM_LOG = """\
 INFO 11-24 14:37:21 api_server.py:528] vLLM API server version 0.6.3
@@ -65,7 +64,7 @@ def one_line_error(proc: subprocess.CompletedProcess[bytes], *words: str) -> Non
 def corpus_log(name: str) -> bytes:
     path = CORPUS / name
     if not path.is_file():
-        pytest.skip(f"labelled corpus not found at {CORPUS}")
+        pytest.skip(NOT_FOUND)
     return path.read_bytes()
 
 

@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_corpus import CORPUS
 
 from vllm_offload_doctor import analyze
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from vllm_offload_doctor import exitcodes
+from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
 from vllm_offload_doctor.errors import InputError
+from vllm_offload_doctor.formats import OutputFormat
 
-FORMATS = ("text", "json", "jsonl", "markdown")
+if TYPE_CHECKING:
+    from vllm_offload_doctor.rules import Rule
+
+# analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
+# here so that `offload-doctor --help` does not import the renderer.
+FORMATS = (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.JSONL, OutputFormat.MARKDOWN)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -31,15 +37,11 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return int(size)
 
 
-def _use_color(ctx_color: bool | None) -> bool:
-    if os.environ.get("NO_COLOR"):
-        return False
-    return sys.stdout.isatty() if ctx_color is None else ctx_color
-
-
-@click.command("analyze")
+@click.command("analyze", short_help="Name the root cause in vLLM server logs.")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@format_option(
+    FORMATS, "markdown is a reply to paste into an issue; several inputs end with a triage table."
+)
 @click.option(
     "--rules",
     "rule_dirs",
@@ -52,9 +54,7 @@ def _use_color(ctx_color: bool | None) -> bool:
     is_flag=True,
     help="Also hide host names and home-directory user names (secrets are always hidden).",
 )
-@click.option(
-    "--color/--no-color", default=None, help="Colour the text output (default: on a terminal)."
-)
+@color_option()
 @click.option(
     "--max-bytes",
     metavar="SIZE",
@@ -64,7 +64,7 @@ def _use_color(ctx_color: bool | None) -> bool:
 )
 def analyze(
     paths: tuple[str, ...],
-    fmt: str,
+    fmt: OutputFormat,
     rule_dirs: tuple[Path, ...],
     redact: bool,
     color: bool | None,
@@ -79,14 +79,15 @@ def analyze(
     from vllm_offload_doctor import logread
     from vllm_offload_doctor.analyze import Engine
     from vllm_offload_doctor.redact import scrub_text
-    from vllm_offload_doctor.render import Renderer
+    from vllm_offload_doctor.render import RENDERERS, Renderer
 
     engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
     # An error names the input as given: a path or URL may carry a token.
     errors = [scrub_text(msg) for msg in errors]
-    use_color = _use_color(color)
+    use_color = resolve_color(color)
     renderer = Renderer(color=use_color, hosts=redact, home=redact)
+    form = RENDERERS[fmt]
     analyses = []
     for msg in errors:
         click.echo(f"offload-doctor: error: {msg}", err=True)
@@ -99,23 +100,18 @@ def analyze(
             click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
             continue
         analyses.append(analysis)
-        if fmt == "jsonl":
-            click.echo(renderer.jsonl_line(analysis))
-        elif fmt == "text":
+        if form.item is not None:
             # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
-            click.echo(renderer.text(analysis) + ("\n" if several else ""), color=use_color)
-        elif fmt == "markdown":
-            click.echo(renderer.markdown(analysis) + "\n")
-    if fmt == "json":
-        click.echo(renderer.json(analyses, errors))
-    if several and fmt in ("text", "markdown"):
-        click.echo(renderer.triage_table(analyses, errors, markdown=fmt == "markdown"))
+            click.echo(form.item(renderer, analysis, several), color=use_color)
+    tail = form.end(renderer, analyses, errors, several) if form.end is not None else ""
+    if tail:
+        click.echo(tail, color=use_color)
     if errors:
         return exitcodes.USAGE
     return exitcodes.FOUND if any(a.failed for a in analyses) else exitcodes.OK
 
 
-@click.command("rules")
+@click.command("rules", short_help="List the log rules, or explain one.")
 @click.argument("rule_id", required=False)
 @click.option(
     "--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path)
@@ -132,8 +128,7 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
         if fmt == "json":
             click.echo(json.dumps([_rule_dict(r) for r in loaded], indent=2, ensure_ascii=False))
             return exitcodes.OK
-        for r in sorted(loaded, key=lambda r: (-r.precedence, r.id)):
-            click.echo(f"{r.id}  {r.category.value:<18} {r.severity.value:<8} {r.title}")
+        click.echo(_rule_table(loaded))
         return exitcodes.OK
     wanted = rule_id.upper()
     match = [r for r in loaded if r.id == wanted or r.name == rule_id]
@@ -176,6 +171,19 @@ def _sources(r: object, lines: list[str] | None) -> dict[str, object]:
     if lines is not None:
         lines += catalogue.text_lines(r, cited, cat)
     return {"vllm_source": catalogue.as_dict(r, cited, cat)}
+
+
+def _rule_table(loaded: list[Rule]) -> str:
+    """One line per rule, highest precedence first, every column as wide as its longest cell."""
+    rows = [
+        (r.id, r.category.value, r.severity.value, r.title)
+        for r in sorted(loaded, key=lambda r: (-r.precedence, r.id))
+    ]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)) + "  " + row[3]
+        for row in rows
+    )
 
 
 def _rule_dict(r: object) -> dict[str, object]:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
-import sys
+from pathlib import Path
 
 import click
 
+from vllm_offload_doctor.check_render import RENDERERS
+from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
+from vllm_offload_doctor.fit import KV_CACHE_DTYPES
+from vllm_offload_doctor.formats import OutputFormat
 
-@click.command("check")
+
+@click.command("check", short_help="Can this machine and this vLLM offload at all?")
 @click.option(
     "--offload-gb",
     "--cpu-offload-gb",
@@ -30,14 +35,33 @@ import click
 @click.option(
     "--gpu-memory-utilization",
     type=click.FloatRange(0, 1, min_open=True),
-    default=0.9,
-    show_default=True,
-    help="Fraction of each GPU vLLM may use (vLLM's default for most versions).",
+    default=None,
+    help="Fraction of each GPU vLLM may use [default: the installed vLLM's: 0.92 from 0.20, "
+    "0.9 before].",
 )
 @click.option(
     "--model",
     metavar="DIR|ORG/NAME",
     help="Local model directory or a repo id already in the Hugging Face cache (never downloaded).",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Context length vLLM will serve; sizes the KV cache [default: the model's].",
+)
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(KV_CACHE_DTYPES),
+    default="auto",
+    show_default=True,
+    help="vLLM's --kv-cache-dtype; sizes the KV cache (auto: the model's dtype).",
+)
+@click.option(
+    "--gpu-memory-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Plan the fit for GPUs of this size instead of the ones here (or with none).",
 )
 @click.option(
     "--python",
@@ -49,47 +73,77 @@ import click
 @click.option(
     "--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to test."
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json", "markdown"]),
-    default="text",
-    show_default=True,
-    help="markdown is a paste-ready block for a bug report (no secrets, user or host names).",
+@format_option(
+    RENDERERS,
+    "markdown is a paste-ready block for a bug report (no secrets, user or host names).",
 )
+@color_option()
 @click.option("-v", "--verbose", is_flag=True, help="Show details and links for every check.")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+@click.option(
+    "--list", "list_checks", is_flag=True, help="List the checks and what each one tests."
+)
 def check(
     offload_gb: float,
     tensor_parallel_size: int,
-    gpu_memory_utilization: float,
+    gpu_memory_utilization: float | None,
     model: str | None,
+    max_model_len: int | None,
+    kv_cache_dtype: str,
+    gpu_memory_gib: float | None,
     python: str | None,
     host: str,
     port: int,
-    fmt: str,
+    fmt: OutputFormat,
+    color: bool | None,
     verbose: bool,
     strict: bool,
+    list_checks: bool,
 ) -> int:
     """Can this machine and this vLLM offload weights to the CPU at all?
 
     Exit status: 0 all ok or warnings only, 1 a check failed (--strict: or warned),
-    2 nothing could be checked or bad usage.
+    2 nothing could be checked or bad usage (a --model that is not there).
     """
-    from vllm_offload_doctor.check_render import OutputFormat, render
+    from vllm_offload_doctor.check_render import render
     from vllm_offload_doctor.checks import Options, run_checks
+    from vllm_offload_doctor.modelsize import resolve_model
     from vllm_offload_doctor.probes import RealProbe
 
+    if list_checks:
+        click.echo(_list_checks(verbose))
+        return 0
+    if model is not None:
+        resolve_model(model, os.environ, Path.home())  # a missing model is a usage error
     options = Options(
         offload_gb=offload_gb,
         tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization,
         model=model,
+        max_model_len=max_model_len,
+        gpu_memory_gib=gpu_memory_gib,
+        kv_cache_dtype=kv_cache_dtype,
         python=python,
         host=host,
         port=port,
     )
     report = run_checks(RealProbe(), options)
-    color = not os.environ.get("NO_COLOR") and sys.stdout.isatty()
-    click.echo(render(report, OutputFormat(fmt), verbose=verbose, color=color), color=color)
+    use_color = resolve_color(color)
+    # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
+    click.echo(render(report, fmt, verbose=verbose, color=use_color), color=use_color)
     return report.exit_code(strict=strict)
+
+
+def _list_checks(verbose: bool) -> str:
+    """Each check's id and title; with -v, its module's documentation."""
+    from vllm_offload_doctor.checks import all_checks
+
+    checks = all_checks()
+    width = max(len(c.id) for c in checks)
+    lines: list[str] = []
+    for c in checks:
+        first = c.doc.splitlines()[0] if c.doc else ""
+        lines.append(f"{c.id:<{width}}  {c.title}: {first}")
+        if verbose and c.doc:
+            lines.extend(f"    {line}".rstrip() for line in c.doc.splitlines()[1:])
+    return "\n".join(lines)

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from enum import StrEnum
 
 from vllm_offload_doctor.checks import CheckResult, Report, Status
+from vllm_offload_doctor.color import paint
+from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.redact import redact
 
-
-class OutputFormat(StrEnum):
-    TEXT = "text"
-    JSON = "json"
-    MARKDOWN = "markdown"
-
-
 GLYPHS = {Status.OK: "[✓]", Status.WARN: "[!]", Status.FAIL: "[✗]", Status.SKIP: "[-]"}
-_COLORS = {Status.OK: "32", Status.WARN: "33", Status.FAIL: "31", Status.SKIP: "2"}
+_COLORS = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.SKIP: "dim"}
 _MD_STATUS = {
     Status.OK: "✅ ok",
     Status.WARN: "⚠️ warn",
@@ -27,7 +21,7 @@ _MD_STATUS = {
 
 
 def _paint(text: str, status: Status, color: bool) -> str:
-    return f"\x1b[{_COLORS[status]}m{text}\x1b[0m" if color else text
+    return paint(text, _COLORS[status], color=color)
 
 
 def summary_line(report: Report) -> str:
@@ -111,4 +105,5 @@ RENDERERS: dict[OutputFormat, Renderer] = {
 
 
 def render(report: Report, fmt: OutputFormat, *, verbose: bool = False, color: bool = False) -> str:
+    """`report` in format `fmt`; KeyError for a format check has no renderer for."""
     return RENDERERS[fmt](report, verbose=verbose, color=color)

@@ -22,11 +22,7 @@ from vllm_offload_doctor.errors import DoctorError
 def cli() -> None:
     """The truth about vLLM's --cpu-offload-gb.
 
-    \b
-      check     can this machine and this vLLM offload at all?
-      compare   run offload 0 vs X and say whether it took effect
-      analyze   name the root cause in vLLM server logs
-      rules     list or explain the log rules
+    Run `offload-doctor COMMAND --help` for a command's options.
     """
 
 
@@ -35,7 +31,8 @@ def _register() -> None:
     from vllm_offload_doctor.check_cli import check
     from vllm_offload_doctor.compare_cli import compare
 
-    for command in (check, compare, analyze, rules):
+    commands: tuple[click.Command, ...] = (check, compare, analyze, rules)
+    for command in commands:
         cli.add_command(command)
 
 

@@ -602,7 +602,7 @@ def _literal(value: str) -> Any:
 def _float(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
         return _num(value)

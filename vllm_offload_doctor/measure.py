@@ -191,14 +191,14 @@ def kv_metrics(text: str) -> dict[str, Any]:
 
 def _int(v: str | None) -> int | None:
     try:
-        return int(v) if v not in (None, "None") else None
+        return None if v is None or v == "None" else int(v)
     except ValueError:
         return None
 
 
 def _float(v: str | None) -> float | None:
     try:
-        return float(v) if v not in (None, "None") else None
+        return None if v is None or v == "None" else float(v)
     except ValueError:
         return None
 

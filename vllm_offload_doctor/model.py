@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-SCHEMA_VERSION = 1
+from vllm_offload_doctor.schema import SCHEMA_VERSION
 
 
 class Category(StrEnum):

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_offload_doctor.errors import ProbeError
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1}
+from vllm_offload_doctor.errors import InputError, ProbeError
+from vllm_offload_doctor.fit import DTYPE_BYTES, ModelShape, model_shape
 
 
 class ModelNotFoundError(ProbeError):
@@ -34,6 +33,7 @@ class ModelSize:
     architectures: tuple[str, ...] = ()
     dtype: str | None = None
     quantized: bool = False
+    shape: ModelShape | None = None  # None: config.json lacks the fields (KV cache unknown)
 
 
 def inspect_model(model: str, env: Mapping[str, str], home: Path) -> ModelSize:
@@ -45,6 +45,19 @@ def inspect_model(model: str, env: Mapping[str, str], home: Path) -> ModelSize:
             "(check never downloads)"
         )
     return size_model(path)
+
+
+def resolve_model(model: str, env: Mapping[str, str], home: Path) -> Path:
+    """The model's local directory; InputError naming the path when it is missing or has no config."""
+    path = locate_model(model, env, home)
+    if path is None:
+        raise InputError(
+            f"--model {model}: no such directory, and not in the local Hugging Face cache "
+            "(check never downloads)"
+        )
+    if not (path / "config.json").is_file():
+        raise InputError(f"--model {model}: no config.json in {path}")
+    return path
 
 
 def locate_model(model: str, env: Mapping[str, str], home: Path) -> Path | None:
@@ -103,6 +116,7 @@ def size_model(path: Path) -> ModelSize:
         architectures=tuple(str(a) for a in config.get("architectures") or ()),
         dtype=str(dtype) if dtype else None,
         quantized=bool(config.get("quantization_config")),
+        shape=model_shape(text_cfg, str(dtype) if dtype else None),
     )
 
 
@@ -151,7 +165,7 @@ def estimate_bytes(cfg: Mapping[str, Any], dtype: str | None) -> int | None:
     per_layer = attention + mlp + 2 * h  # two norms
     embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
     params = layers * per_layer + embeddings + h
-    return params * _DTYPE_BYTES.get((dtype or "bfloat16").lower(), 2)
+    return params * DTYPE_BYTES.get((dtype or "bfloat16").lower(), 2)
 
 
 def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:

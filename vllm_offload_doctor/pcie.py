@@ -17,6 +17,13 @@ def pcie_bandwidth_gbs(generation: int, width: int) -> float | None:
     return lane * width
 
 
+def link_bandwidth_gbs(generation: int | None, width: int | None) -> float | None:
+    """`pcie_bandwidth_gbs` for values NVML may not know."""
+    if generation is None or width is None:
+        return None
+    return pcie_bandwidth_gbs(generation, width)
+
+
 def step_cost_ms(offloaded_gib: float, bandwidth_gbs: float) -> float:
     """Lower bound on the time one forward pass spends reading offloaded weights."""
     return offloaded_gib * 2**30 / (bandwidth_gbs * 1e9) * 1e3

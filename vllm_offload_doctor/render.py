@@ -1,27 +1,25 @@
-"""Render `analyze` results: text, json, jsonl and markdown; one function per format."""
+"""Render `analyze` results: text, json, jsonl and markdown, one registry entry per format.
+
+`RENDERERS` maps each `OutputFormat` to a `Format`: what to print for each log as it is analysed
+(`item`), and what to print once at the end (`end`). The CLI's `--format` choices are its keys.
+"""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
-from enum import StrEnum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from vllm_offload_doctor.model import (
-    SCHEMA_VERSION,
-    Analysis,
-    Category,
-    RankOffload,
-)
+from vllm_offload_doctor.color import paint
+from vllm_offload_doctor.formats import OutputFormat, shorten
+from vllm_offload_doctor.model import Analysis, Category, RankOffload
 from vllm_offload_doctor.redact import redact, scrub_data, scrub_text
+from vllm_offload_doctor.schema import SCHEMA_VERSION
 
-
-class OutputFormat(StrEnum):
-    TEXT = "text"
-    JSON = "json"
-    JSONL = "jsonl"
-    MARKDOWN = "markdown"
+EVIDENCE_WIDTH = 300  # characters of a log line shown as evidence
+SUMMARY_WIDTH = 100  # characters of a summary in the triage table
 
 
 def _scrub(value: Any, *, hosts: bool, home: bool) -> Any:
@@ -35,7 +33,7 @@ def _hide_places(value: Any, *, hosts: bool, home: bool) -> Any:
         return redact(value, hosts=hosts, home=home)
     if isinstance(value, dict):
         return {k: _hide_places(v, hosts=hosts, home=home) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list | tuple):
         return [_hide_places(v, hosts=hosts, home=home) for v in value]
     return value
 
@@ -59,7 +57,10 @@ class Renderer:
 
     def record(self, analysis: Analysis) -> dict[str, Any]:
         data = analysis.to_dict()
-        return _scrub(data, hosts=self.hosts, home=self.home) if self.secrets else data
+        if not self.secrets:
+            return data
+        scrubbed: dict[str, Any] = _scrub(data, hosts=self.hosts, home=self.home)
+        return scrubbed
 
     # -- json ---------------------------------------------------------------------------------
     def json(self, analyses: Sequence[Analysis], errors: Sequence[str]) -> str:
@@ -75,12 +76,8 @@ class Renderer:
         return json.dumps(self.record(analysis), ensure_ascii=False)
 
     # -- text -----------------------------------------------------------------------------------
-    def _style(self, text: str, **kw: Any) -> str:
-        if not self.color:
-            return text
-        import click
-
-        return click.style(text, **kw)
+    def _style(self, text: str, *styles: str) -> str:
+        return paint(text, *styles, color=self.color)
 
     def text(self, a: Analysis) -> str:
         v = a.verdict
@@ -92,8 +89,9 @@ class Renderer:
             else "red"
         )
         out = [
-            self._style(self._r(a.file), bold=True),
-            f"  verdict:  {self._style(v.category.value, fg=colour, bold=True)} — {v.title}",
+            self._style(self._r(a.file), "bold"),
+            f"  verdict:  {self._style(v.category.value, colour, 'bold')} — {v.title}"
+            + (f" [{v.rule_id}]" if v.rule_id else ""),
             f"  {self._r(v.summary)}",
         ]
         o = a.offload
@@ -121,7 +119,7 @@ class Renderer:
         if a.findings:
             top = a.findings[0]
             out.append("  evidence:")
-            out.extend(f"    {e.line:>6}: {self._r(e.text)[:300]}" for e in top.evidence)
+            out.extend(f"    {e.line:>6}: {self._evidence(e.text)}" for e in top.evidence)
             if v.remedy:
                 out.append(f"  remedy:   {self._r(v.remedy)}")
             out.extend(f"  link:     {link}" for link in v.links)
@@ -130,7 +128,7 @@ class Renderer:
             )
         elif a.notable:
             out.append("  most relevant lines:")
-            out.extend(f"    {e.line:>6}: {self._r(e.text)[:300]}" for e in a.notable)
+            out.extend(f"    {e.line:>6}: {self._evidence(e.text)}" for e in a.notable)
             out.append(f"  next step: {v.remedy}")
         if a.error:
             out.append(f"  note:     {self._r(a.error)}")
@@ -140,6 +138,9 @@ class Renderer:
         # Evidence lines are consecutive: a PEM block may begin in one and end lines later.
         text = "\n".join(lines)
         return scrub_text(text) if self.secrets else text
+
+    def _evidence(self, text: str) -> str:
+        return shorten(self._r(text), EVIDENCE_WIDTH)
 
     # -- markdown ------------------------------------------------------------------------------
     def markdown(self, a: Analysis) -> str:
@@ -182,7 +183,7 @@ class Renderer:
                 self._r(a.file),
                 a.verdict.category.value,
                 a.offload.status.value,
-                self._r(a.verdict.summary)[:100],
+                shorten(self._r(a.verdict.summary), SUMMARY_WIDTH),
             )
             for a in analyses
         ]
@@ -213,3 +214,34 @@ def _rank_line(rank: RankOffload) -> str:
         f"    rank {rank.process}: offloader {rank.offloader or '-'}, offloaded "
         f"{show(rank.offloaded_gib)} GiB, model loading {show(rank.model_loading_gib)} GiB"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Format:
+    """One output format: text per log as it is analysed, and text once at the end."""
+
+    item: Callable[[Renderer, Analysis, bool], str] | None = None
+    end: Callable[[Renderer, Sequence[Analysis], Sequence[str], bool], str] | None = None
+
+
+def _text_item(r: Renderer, a: Analysis, several: bool) -> str:
+    return r.text(a) + ("\n" if several else "")
+
+
+def _markdown_item(r: Renderer, a: Analysis, several: bool) -> str:
+    return r.markdown(a) + "\n"
+
+
+def _table(markdown: bool) -> Callable[[Renderer, Sequence[Analysis], Sequence[str], bool], str]:
+    def end(r: Renderer, analyses: Sequence[Analysis], errors: Sequence[str], several: bool) -> str:
+        return r.triage_table(analyses, errors, markdown=markdown) if several else ""
+
+    return end
+
+
+RENDERERS: dict[OutputFormat, Format] = {
+    OutputFormat.TEXT: Format(item=_text_item, end=_table(markdown=False)),
+    OutputFormat.JSON: Format(end=lambda r, analyses, errors, _several: r.json(analyses, errors)),
+    OutputFormat.JSONL: Format(item=lambda r, a, _several: r.jsonl_line(a)),
+    OutputFormat.MARKDOWN: Format(item=_markdown_item, end=_table(markdown=True)),
+}

@@ -42,11 +42,9 @@ _OPTIONAL = (
     "when",
     "links",
     "cases",
-    "aliases",
-    "summary",
     "vllm_messages",
     "vllm_source",
-)
+)  # `aliases` and `summary` were accepted and then dropped: now they are unknown keys
 _WHEN_KEYS = ("all", "any", "absent")
 _CASE_KEYS = ("log", "expect", "note")
 _WHERE = ("message", "line")

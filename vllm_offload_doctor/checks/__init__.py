@@ -1,0 +1,67 @@
+"""`check`'s preconditions for CPU weight offloading: one module per check, run in a fixed order.
+
+Each check reads the machine only through the `Probe` in its `Context`, never prints, and returns
+`CheckResult`s made with the `Result` it is given; `run_checks` runs them all and turns a crashing
+check into a SKIP. To add one: write `checks/<name>.py` whose docstring tells the user what it
+checks (`offload-doctor check --list -v` prints it), decorate `def check_<name>(ctx: Context, r:
+Result)` with `@register("<id>", "<Title>")`, add the module's name to `MODULES` below (that sets its
+place in the report), and test it in `tests/test_checks.py` through the `FakeProbe`. A new probe
+answer goes in `probes.Probe`, `RealProbe`, the `FakeProbe` and a cached property of `Context`.
+
+Importing this package is cheap (the renderers need only the result model); the check modules are
+imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import TYPE_CHECKING
+
+from vllm_offload_doctor.checks.model import CheckResult, Options, Report, Result, Status, worst
+
+if TYPE_CHECKING:
+    from vllm_offload_doctor.checks.registry import Check
+    from vllm_offload_doctor.probes import Probe
+
+__all__ = [
+    "MODULES",
+    "CheckResult",
+    "Options",
+    "Report",
+    "Result",
+    "Status",
+    "all_checks",
+    "run_checks",
+    "worst",
+]
+
+# The check modules, in the order of the report; importing one registers its checks.
+MODULES = ("platform", "python_vllm", "gpu", "host_memory", "fit", "port", "env")
+
+
+@cache
+def all_checks() -> tuple[Check, ...]:
+    """Every registered check, in report order (modules in `MODULES` order, then file order)."""
+    from vllm_offload_doctor.checks.registry import REGISTERED
+
+    for name in MODULES:
+        importlib.import_module(f"{__name__}.{name}")
+    return tuple(sorted(REGISTERED, key=lambda c: MODULES.index(c.module)))
+
+
+def run_checks(probe: Probe, options: Options) -> Report:
+    """Run every check; a check that crashes becomes a SKIP with the reason."""
+    from vllm_offload_doctor.checks.context import Context
+
+    ctx = Context(probe, options)
+    ctx.prefetch()
+    results: list[CheckResult] = []
+    for check in all_checks():
+        r = check.result()
+        try:
+            out = check.fn(ctx, r)
+        except Exception as exc:
+            out = r.skip(f"could not check: {str(exc) or type(exc).__name__}")
+        results.extend(out if isinstance(out, list) else [out])
+    return Report(checks=tuple(results), facts=ctx.facts())

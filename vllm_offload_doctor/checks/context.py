@@ -1,0 +1,127 @@
+"""The `Context` a check reads the machine through: each probe answer read once, shared by all."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from functools import cached_property
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from vllm_offload_doctor.checks.model import Options
+from vllm_offload_doctor.errors import ProbeError
+from vllm_offload_doctor.probes import (
+    GpuInfo,
+    HostMemory,
+    InterpreterInfo,
+    NvmlInfo,
+    PlatformInfo,
+    Probe,
+)
+
+GIB = 1 << 30
+
+
+def default_gpu_memory_utilization(vllm_version: Version | None) -> float:
+    """vLLM's default --gpu-memory-utilization: 0.92 from 0.20.0 (vllm/config/cache.py), 0.9 before.
+
+    Unknown versions get today's default.
+    """
+    if vllm_version is not None and vllm_version < Version("0.20"):
+        return 0.9
+    return 0.92
+
+
+class Context:
+    """Probe answers, each read once and shared by the checks that need them."""
+
+    def __init__(self, probe: Probe, options: Options) -> None:
+        self.probe = probe
+        self.options = options
+
+    @cached_property
+    def platform(self) -> PlatformInfo:
+        return self.probe.platform()
+
+    @cached_property
+    def interpreter(self) -> InterpreterInfo:
+        return self.probe.interpreter(self.options.python)
+
+    @cached_property
+    def nvml(self) -> NvmlInfo:
+        return self.probe.nvml()
+
+    @cached_property
+    def host_memory(self) -> HostMemory:
+        return self.probe.host_memory()
+
+    @cached_property
+    def environ(self) -> Mapping[str, str]:
+        return self.probe.environ()
+
+    @cached_property
+    def vllm_version(self) -> Version | None:
+        """The installed vLLM's release number (dev/local suffixes dropped), if known."""
+        try:
+            raw = self.interpreter.vllm_version
+            return Version(Version(raw).base_version) if raw else None
+        except (InvalidVersion, ProbeError, OSError):
+            return None
+
+    @cached_property
+    def gpu_memory_utilization(self) -> float:
+        """The fraction vLLM will claim: the option, else the installed vLLM's default."""
+        given = self.options.gpu_memory_utilization
+        return given if given is not None else default_gpu_memory_utilization(self.vllm_version)
+
+    def prefetch(self) -> None:
+        """Start the slow probes together: the interpreter subprocess and NVML overlap.
+
+        A probe that raises here is simply read again by its check, which reports it.
+        """
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            for name in ("interpreter", "nvml", "host_memory"):
+                pool.submit(getattr, self, name)
+
+    def used_gpus(self) -> list[GpuInfo]:
+        """The GPUs vLLM will use: the first N visible, mapped through CUDA_VISIBLE_DEVICES."""
+        gpus = self.nvml.gpus
+        order = visible_indices(self.environ.get("CUDA_VISIBLE_DEVICES"), len(gpus))
+        visible = [gpus[i] for i in order] if order is not None else list(gpus)
+        return visible[: self.options.tensor_parallel_size]
+
+    def facts(self) -> dict[str, Any]:
+        """Whatever the checks already read (nothing is probed again here)."""
+        cache = self.__dict__
+        out: dict[str, Any] = {"options": asdict(self.options)}
+        for name in ("platform", "interpreter", "nvml", "host_memory"):
+            if name in cache:
+                out[name] = asdict(cache[name])
+        return out
+
+
+def visible_indices(value: str | None, count: int) -> list[int] | None:
+    """NVML indices CUDA will expose, in order; None when entries are UUIDs (order unknown).
+
+    CUDA stops at the first invalid entry, so "0,7,1" on a 2-GPU machine exposes only GPU 0.
+    """
+    if value is None:
+        return list(range(count))
+    order: list[int] = []
+    for token in value.split(","):
+        token = token.strip()
+        if not token:
+            break
+        if not token.lstrip("-").isdigit():
+            return None
+        index = int(token)
+        if index < 0 or index >= count or index in order:
+            break
+        order.append(index)
+    return order
+
+
+def gib(value: float | None) -> str:
+    return "unknown" if value is None else f"{value / GIB:.1f} GiB"

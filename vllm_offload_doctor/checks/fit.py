@@ -1,0 +1,178 @@
+"""Whether the model fits the GPU budget, and the least `--cpu-offload-gb` that makes it fit.
+
+Needs `--model` (a local directory, or a repo id already in the Hugging Face cache; never downloaded).
+The need per GPU is weights / TP + the KV cache of one `--max-model-len` request (default: the
+model's own limit; in `--kv-cache-dtype`, default the model's dtype) + the activation peak of vLLM's profiling pass + non-torch overhead; the budget is
+`--gpu-memory-utilization` (default: the installed vLLM's, 0.92 from 0.20.0, 0.9 before) x the
+smallest GPU used. The arithmetic and its calibration on an H200 are in `vllm_offload_doctor.fit`.
+Fails when the weights do not fit with the offload given, warns when offload is given but not
+needed (it only costs speed) or is more than the weights. Without a GPU it still reports the need;
+`--gpu-memory-gib N` plans for a GPU you do not have.
+"""
+
+from __future__ import annotations
+
+from vllm_offload_doctor.checks.context import GIB, Context, gib
+from vllm_offload_doctor.checks.model import CheckResult, Result
+from vllm_offload_doctor.checks.registry import register
+from vllm_offload_doctor.errors import ProbeError
+from vllm_offload_doctor.fit import FitPlan, plan
+from vllm_offload_doctor.links import DOCS_MEMORY, ISSUE_FITS_ANYWAY
+from vllm_offload_doctor.modelsize import ModelSize
+
+
+@register("fit", "Model fit")
+def check_fit(ctx: Context, r: Result) -> CheckResult:
+    opts = ctx.options
+    if not opts.model:
+        return r.skip("no --model given")
+    try:
+        size = ctx.probe.model_size(opts.model)
+    except ProbeError as exc:
+        return r.skip(str(exc))
+    total, gpu = _gpu_total(ctx)
+    n = opts.tensor_parallel_size
+    p = plan(
+        size.total_bytes,
+        size.shape,
+        tp=n,
+        gpu_total=total,
+        utilization=ctx.gpu_memory_utilization,
+        max_model_len=opts.max_model_len,
+        kv_cache_dtype=opts.kv_cache_dtype,
+    )
+    details = [*_need_details(size, p, n, opts.kv_cache_dtype), *_budget_details(ctx, p, gpu)]
+    est = " (estimated from config.json)" if size.estimated else ""
+    weights = f"{gib(p.weights)} of weights per GPU{est}"
+    need = f"{gib(p.need)} needed per GPU{_for_length(p)}"
+    if p.budget is None or p.to_offload is None:
+        return r.skip(
+            f"{weights}, {need}; {gpu}: pass --gpu-memory-gib N to plan for a GPU", details
+        )
+    return _verdict(r, p, opts.offload_gb, f"{weights}, {need}", details)
+
+
+def _verdict(
+    r: Result, p: FitPlan, offload_gb: float, what: str, details: list[str]
+) -> CheckResult:
+    assert p.budget is not None and p.to_offload is not None
+    budget, to_offload, offload = gib(p.budget), p.to_offload, offload_gb * GIB
+    links = (DOCS_MEMORY,)
+    if to_offload <= 0:
+        room = _kv_room(p, 0)
+        if offload > 0:
+            return r.warn(
+                f"{what}: fits in {budget} without offload; --offload-gb {offload_gb:g} only "
+                "costs speed",
+                details,
+                remedy="Drop --cpu-offload-gb; the freed GPU memory goes to the KV cache.",
+                links=(ISSUE_FITS_ANYWAY, *links),
+            )
+        return r.ok(f"{what}: fits in {budget} without offload{room}", details, links=links)
+    minimum = p.min_offload_gib
+    if to_offload >= p.weights:
+        return r.fail(
+            f"{what}: a {budget} budget leaves no room even with everything offloaded",
+            details,
+            remedy="Raise --gpu-memory-utilization, lower --max-model-len or use more GPUs.",
+            links=links,
+        )
+    if offload > 0:
+        details.append(
+            "vLLM offloads whole parameters: it may move slightly more than asked "
+            "(27 asked, 27.34 GiB moved on the H200), which leaves a little more KV cache"
+        )
+    if offload >= to_offload:
+        if offload > p.weights:
+            return r.warn(
+                f"--offload-gb {offload_gb:g} is more than the {gib(p.weights)} of weights per "
+                f"GPU; {minimum} GiB per GPU is enough",
+                details,
+                remedy=f"Use --cpu-offload-gb {minimum}: every offloaded GiB costs speed.",
+                links=links,
+            )
+        if minimum is not None and offload > minimum * GIB:
+            details.append(f"offloading more than {minimum} GiB per GPU only costs speed")
+        return r.ok(
+            f"{what}: fits in {budget} only with offload, at least {minimum} GiB per GPU; "
+            f"{offload_gb:g} given{_kv_room(p, offload)}",
+            details,
+            links=links,
+        )
+    given = f"even with {offload_gb:g} GiB offloaded" if offload > 0 else "without offload"
+    return r.fail(
+        f"{what}: does not fit in {budget} {given}; offload at least {minimum} GiB per GPU",
+        details,
+        remedy=f"vllm serve ... --cpu-offload-gb {minimum} (or more GPUs with -tp, or a "
+        "smaller --max-model-len).",
+        links=links,
+    )
+
+
+def _gpu_total(ctx: Context) -> tuple[float | None, str]:
+    """The per-GPU size to plan for, and where it comes from."""
+    planned = ctx.options.gpu_memory_gib
+    if planned is not None:
+        return planned * GIB, f"--gpu-memory-gib {planned:g}"
+    if ctx.nvml.error or not ctx.nvml.gpus:
+        return None, "no GPU found"
+    totals = [g.memory_total for g in ctx.used_gpus() if g.memory_total]
+    if not totals:
+        return None, "GPU memory size unknown"
+    return min(totals), "smallest used GPU"
+
+
+def _for_length(p: FitPlan) -> str:
+    return f" with max-model-len {p.max_model_len}" if p.kv_cache is not None else ""
+
+
+def _kv_room(p: FitPlan, offload: float) -> str:
+    tokens = p.kv_tokens(offload)
+    return "" if tokens is None else f", KV cache for about {tokens:,} tokens"
+
+
+def _kv_dtype(kv_cache_dtype: str | None) -> str:
+    return f", --kv-cache-dtype {kv_cache_dtype}" if kv_cache_dtype not in (None, "auto") else ""
+
+
+def _need_details(size: ModelSize, p: FitPlan, n: int, opts_kv: str | None) -> list[str]:
+    out = [
+        f"weights: {gib(size.total_bytes)} ({size.source})"
+        + (f", dtype {size.dtype}" if size.dtype else ""),
+        f"per GPU: {gib(p.weights)} (tensor parallel {n})",
+    ]
+    shape = size.shape
+    if shape is None:
+        out.append("KV cache and activations: unknown (config.json lacks the shape): not counted")
+    elif p.kv_cache is None:
+        why = shape.kv_unknown or "no max-model-len in config.json (pass --max-model-len)"
+        out.append(f"KV cache: unknown ({why}): not counted, the need is a lower bound")
+    else:
+        per_token = (p.kv_per_token or 0) / 1024
+        out.append(
+            f"KV cache for one {p.max_model_len}-token request: {gib(p.kv_cache)} "
+            f"({per_token:,.0f} KiB per token per GPU{_kv_dtype(opts_kv)})"
+        )
+    if p.activation is not None:
+        out.append(
+            f"activation peak of vLLM's profiling pass: {gib(p.activation)} "
+            f"({p.tokens} batched tokens)"
+        )
+    out.append(f"non-torch overhead: {gib(p.overhead)} (CUDA context, workspaces, sampler)")
+    out.append(f"needed per GPU without offload: {gib(p.need)}")
+    if size.quantized:
+        out.append("quantized checkpoint: sizes are what is on disk")
+    out.append("embeddings and lm_head are never offloaded")
+    return out
+
+
+def _budget_details(ctx: Context, p: FitPlan, gpu: str) -> list[str]:
+    if p.budget is None:
+        return []
+    util = ctx.gpu_memory_utilization
+    if ctx.options.gpu_memory_utilization is None:
+        version = ctx.vllm_version
+        source = f", vLLM {version}'s default" if version else ", current vLLM's default"
+    else:
+        source = ""
+    return [f"GPU budget: {gib(p.budget)} ({util:g} × {gpu}{source})"]
