@@ -20,8 +20,16 @@ from vllm_offload_doctor.compare import (
     compare_pair,
     relevant_env,
 )
-from vllm_offload_doctor.compare_render import render_markdown, render_text
+from vllm_offload_doctor.compare.model import CompareReport, ModeResult
+from vllm_offload_doctor.compare.render import render_markdown, render_text
 from vllm_offload_doctor.errors import DoctorError
+
+
+def judge(base: dict[str, Any], off: dict[str, Any] | None) -> dict[str, Any]:
+    """compare_pair on the typed modes, as the report.json dict."""
+    b = ModeResult.from_dict(base)
+    o = ModeResult.from_dict(off) if off is not None else None
+    return compare_pair(b, o).to_dict()
 
 
 def test_default_command_is_the_reference_procedure() -> None:
@@ -141,6 +149,7 @@ def _mode(label: str, gb: float, **facts: Any) -> dict[str, Any]:
         "label": label,
         "offload_gb": gb,
         "status": "ok",
+        "role": "baseline" if gb == 0 else "offload",
         "startup_s": 100.0,
         "command": ["vllm", "serve", "m"],
         "log": f"mode-{label}.log",
@@ -201,7 +210,7 @@ EFFECTIVE["latency"] = dict(EFFECTIVE["latency"], median_s=0.395)
 
 
 def test_verdict_effective_with_link_bound() -> None:
-    c = compare_pair(BASE, EFFECTIVE, CompareConfig())
+    c = judge(BASE, EFFECTIVE)
     assert c["status"] == "effective"
     assert c["weights_delta_gib"] == pytest.approx(0.5)
     perf = c["performance"]
@@ -216,7 +225,7 @@ def test_verdict_effective_with_link_bound() -> None:
 def test_verdict_ignored_v2_has_links_and_remedy() -> None:
     off = _mode("0.5", 0.5, model_runner="v2")
     off["analysis"].update(category="offload_ignored", offload_status="ignored")
-    c = compare_pair(BASE, off, CompareConfig())
+    c = judge(BASE, off)
     assert c["status"] == "ignored"
     assert set(MRV2_LINKS) <= set(c["links"])
     assert "VLLM_USE_V2_MODEL_RUNNER=0" in c["remedy"] and "0.28.0" in c["remedy"]
@@ -225,7 +234,7 @@ def test_verdict_ignored_v2_has_links_and_remedy() -> None:
 def test_verdict_ignored_from_measurement_alone() -> None:
     off = _mode("0.5", 0.5)  # V1, no offload lines, same weights: nothing moved
     off["analysis"]["offload_status"] = "unknown"
-    c = compare_pair(BASE, off, CompareConfig())
+    c = judge(BASE, off)
     assert c["status"] == "ignored" and "make_layers" in c["summary"]
 
 
@@ -239,7 +248,7 @@ def test_verdict_failed_carries_root_cause() -> None:
         remedy="Offload more.",
         links=["https://docs.vllm.ai/x"],
     )
-    c = compare_pair(BASE, off, CompareConfig())
+    c = judge(BASE, off)
     assert c["status"] == "failed" and c["failed_mode"] == "0.5"
     assert "oom_weights" in c["summary"] and c["remedy"] == "Offload more."
 
@@ -247,7 +256,7 @@ def test_verdict_failed_carries_root_cause() -> None:
 def test_verdict_failed_baseline() -> None:
     base = copy.deepcopy(BASE)
     base.update(status="timeout", reason="not ready after 600 s (--timeout)", phase="CUDA graphs")
-    c = compare_pair(base, None, CompareConfig())
+    c = judge(base, None)
     assert c["status"] == "failed" and "baseline" in c["summary"] and "CUDA graphs" in c["summary"]
 
 
@@ -255,7 +264,7 @@ def test_verdict_inconclusive_when_loading_missing() -> None:
     base = _mode("0", 0.0, model_loading_gib=None)
     off = _mode("0.5", 0.5, model_loading_gib=None)
     off["analysis"]["offload_status"] = "unknown"
-    c = compare_pair(base, off, CompareConfig())
+    c = judge(base, off)
     assert c["status"] == "inconclusive" and "missing" in c["summary"]
 
 
@@ -267,7 +276,7 @@ def test_verdict_tp_ranks_disagree() -> None:
     }
     base = _mode("0", 0.0, ranks=ranks_b, model_loading_gib=0.58)
     off = _mode("0.5", 0.5, ranks=ranks_o, offloaded_gib=0.51, model_loading_gib=0.08)
-    c = compare_pair(base, off, CompareConfig())
+    c = judge(base, off)
     assert c["status"] == "inconclusive" and "Worker_TP1" in c["summary"]
     assert c["ranks"]["Worker_TP0"]["status"] == "effective"
     assert c["ranks"]["Worker_TP1"]["status"] == "ignored"
@@ -289,9 +298,10 @@ def test_render_text_and_markdown() -> None:
         },
         "environment": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
     }
-    text = render_text(report, "/out")
+    typed = CompareReport.from_dict(report)
+    text = render_text(typed, "/out")
     assert "Verdict: OK offload took effect" in text and "0.51 GiB" in text
     assert "Model loading took" in text and "395 ms" in text
-    md = render_markdown(report)
+    md = render_markdown(typed)
     assert "**Verdict: `effective`**" in md and "| Model loading took |" in md
     json.dumps(report)  # the report is plain JSON

@@ -18,6 +18,10 @@ from vllm_offload_doctor.pcie import pcie_bandwidth_gbs
 from vllm_offload_doctor.probes import used_memory
 
 MIB = 1024 * 1024
+UNAUTHORIZED = (
+    "the server wants an API key (give it with `-- --api-key KEY` or VLLM_API_KEY) "
+    "or rejected the one sent"
+)
 
 
 # ---------------------------------------------------------------------------- host RSS
@@ -203,12 +207,14 @@ def _float(v: str | None) -> float | None:
         return None
 
 
-def fetch_info(base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+def fetch_info(
+    base_url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """GET /version and /metrics; errors are recorded, not raised."""
     import httpx
 
     out: dict[str, Any] = {"version": None, "metrics": None, "errors": []}
-    with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+    with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers or {}) as c:
         try:
             r = c.get(f"{base_url}/version")
             out["version"] = r.json().get("version") if r.status_code == 200 else None
@@ -279,6 +285,9 @@ def chat_request(
         return RequestResult(False, None, time.perf_counter() - t0, error=err)
     latency = time.perf_counter() - t0
     res = RequestResult(False, r.status_code, latency)
+    if r.status_code == 401:
+        res.error = f"HTTP 401: {UNAUTHORIZED}"
+        return res
     try:
         data = r.json()
     except ValueError:
