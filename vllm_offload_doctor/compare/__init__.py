@@ -9,30 +9,32 @@ Modules: config (what to run), model/records (the typed report), decide and perf
 verdict), run and measurement (the modes), artifacts (the run folder), render, cli.
 """
 
-from vllm_offload_doctor.compare.artifacts import atomic_write, commands_text, relevant_env
-from vllm_offload_doctor.compare.config import (
-    DEFAULT_MODEL,
-    DEFAULT_PROMPT,
-    DEFAULT_REVISION,
-    MANAGED_FLAGS,
-    CompareConfig,
-    fmt_gb,
-)
-from vllm_offload_doctor.compare.decide import MRV2_LINKS, MRV2_REMEDY, compare_pair
-from vllm_offload_doctor.compare.run import CompareRun
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "DEFAULT_PROMPT",
-    "DEFAULT_REVISION",
-    "MANAGED_FLAGS",
-    "MRV2_LINKS",
-    "MRV2_REMEDY",
-    "CompareConfig",
-    "CompareRun",
-    "atomic_write",
-    "commands_text",
-    "compare_pair",
-    "fmt_gb",
-    "relevant_env",
-]
+import importlib
+from typing import Any
+
+# Loaded on first use so that `offload-doctor --help` does not import packaging, psutil, httpx.
+_WHERE = {
+    "atomic_write": "artifacts",
+    "commands_text": "artifacts",
+    "relevant_env": "artifacts",
+    "DEFAULT_MODEL": "config",
+    "DEFAULT_PROMPT": "config",
+    "DEFAULT_REVISION": "config",
+    "MANAGED_FLAGS": "config",
+    "CompareConfig": "config",
+    "fmt_gb": "config",
+    "MRV2_LINKS": "decide",
+    "MRV2_REMEDY": "decide",
+    "compare_pair": "decide",
+    "CompareRun": "run",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
