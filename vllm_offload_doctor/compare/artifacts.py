@@ -68,7 +68,8 @@ def commands_text(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) 
     if fix_env:
         assign = " ".join(f"{k}={v}" for k, v in fix_env.items())
         lines.append(
-            f"# --verify-fix (only if offload is ignored): offload {fmt_gb(cfg.offload_gb[0])} GiB"
+            "# --verify-fix, only if offload is ignored on vLLM 0.22-0.27.x: "
+            f"offload {fmt_gb(cfg.offload_gb[0])} GiB again"
         )
         lines.append(f"{assign} " + shlex.join(scrub_argv(cfg.argv(cfg.offload_gb[0]))))
     body = json.dumps(cfg.request_body(), ensure_ascii=False)

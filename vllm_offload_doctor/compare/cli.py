@@ -47,7 +47,12 @@ from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
     show_default=True,
     help="Offload GiB of the baseline mode.",
 )
-@click.option("--max-model-len", type=int, default=2048, show_default=True)
+@click.option(
+    "--max-model-len",
+    type=int,
+    default=None,
+    help="Context length of every mode (default 2048; also accepted after `--`).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option(
@@ -135,7 +140,7 @@ def compare(
     served_model_name: str | None,
     offload_gb: tuple[float, ...],
     baseline_gb: float,
-    max_model_len: int,
+    max_model_len: int | None,
     host: str,
     port: int,
     repeats: int,
@@ -176,19 +181,28 @@ def compare(
 
     from vllm_offload_doctor import exitcodes
     from vllm_offload_doctor.compare.artifacts import commands_text, default_out_dir
-    from vllm_offload_doctor.compare.config import DEFAULT_PROMPT, CompareConfig
+    from vllm_offload_doctor.compare.config import (
+        DEFAULT_MAX_MODEL_LEN,
+        DEFAULT_PROMPT,
+        CompareConfig,
+        absorb_passthrough,
+    )
     from vllm_offload_doctor.compare.render import RENDERERS
     from vllm_offload_doctor.compare.run import CompareRun
     from vllm_offload_doctor.server import Terminated, sigterm_as_interrupt
 
+    extra, own = absorb_passthrough(
+        list(vllm_args),
+        {"max_model_len": max_model_len, "served_model_name": served_model_name},
+    )
     cfg = CompareConfig(
         vllm_cmd=shlex.split(vllm_cmd),
         model=model,
         revision=revision,
-        served_model_name=served_model_name,
+        served_model_name=str(own["served_model_name"]) if own["served_model_name"] else None,
         offload_gb=list(offload_gb) or [0.5],
         baseline_gb=baseline_gb,
-        max_model_len=max_model_len,
+        max_model_len=int(own["max_model_len"] or DEFAULT_MAX_MODEL_LEN),
         host=host,
         port=port,
         repeats=repeats,
@@ -200,16 +214,14 @@ def compare(
         timeout_s=timeout_s,
         request_timeout_s=request_timeout_s,
         out_dir=Path(out_dir) if out_dir else default_out_dir(),
-        extra_args=list(vllm_args),
+        extra_args=extra,
         grace_s=grace_s,
         verify_fix=verify_fix,
         force=force,
     )
     cfg.validate()
     if dry_run:
-        click.echo(
-            commands_text(cfg, {"VLLM_USE_V2_MODEL_RUNNER": "0"} if verify_fix else None), nl=False
-        )
+        click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
         return exitcodes.OK
     cfg.check_command()
 

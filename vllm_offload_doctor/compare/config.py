@@ -27,6 +27,48 @@ MANAGED_FLAGS = (
     "--revision",
 )
 SECRET_FLAGS = ("--api-key",)
+# Managed flags that are the same in every mode: after `--` they are taken as compare's own.
+ABSORBED_FLAGS = {"--max-model-len": "max_model_len", "--served-model-name": "served_model_name"}
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+def absorb_passthrough(
+    extra: list[str], own: dict[str, str | int | None]
+) -> tuple[list[str], dict[str, str | int | None]]:
+    """Take `--max-model-len N` / `--served-model-name S` given after `--` as compare's options.
+
+    They are the same in every mode, so `vllm serve`-style command lines work unchanged; a value
+    that contradicts compare's own option is an error.
+    """
+    rest: list[str] = []
+    values = dict(own)
+    i = 0
+    while i < len(extra):
+        arg = extra[i]
+        flag, eq, inline = arg.partition("=")
+        if flag not in ABSORBED_FLAGS:
+            rest.append(arg)
+            i += 1
+            continue
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(extra):
+            value, i = extra[i + 1], i + 2
+        else:
+            raise DoctorError(f"{flag} after `--` needs a value")
+        key = ABSORBED_FLAGS[flag]
+        typed: str | int = value
+        if key == "max_model_len":
+            try:
+                typed = int(value)
+            except ValueError:
+                raise DoctorError(f"{flag} {value!r} is not a whole number") from None
+        if values.get(key) is not None and values[key] != typed:
+            raise DoctorError(
+                f"{flag} {value} after `--` contradicts compare's {flag} {values[key]}; give it once"
+            )
+        values[key] = typed
+    return rest, values
 
 
 def fmt_gb(gb: float) -> str:
@@ -41,7 +83,7 @@ class CompareConfig:
     served_model_name: str | None = None
     offload_gb: list[float] = field(default_factory=lambda: [0.5])
     baseline_gb: float = 0.0
-    max_model_len: int = 2048
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     host: str = "127.0.0.1"
     port: int = 8000
     repeats: int = 5
@@ -128,6 +170,13 @@ class CompareConfig:
         if key:
             return key
         return (os.environ if env is None else env).get("VLLM_API_KEY") or None
+
+    def fix_env(self, env: dict[str, str] | None = None) -> dict[str, str] | None:
+        """The environment --verify-fix adds, or None when off or already in effect."""
+        name, value = V1_RUNNER_ENV
+        if not self.verify_fix or (os.environ if env is None else env).get(name) == value:
+            return None
+        return {name: value}
 
     def validate(self) -> None:
         if not self.offload_gb:

@@ -7,6 +7,9 @@ memory is the expected start for a model that needs offload, not the end of the 
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, fmt_gb
@@ -99,6 +102,13 @@ def offload_installed(mode: ModeResult) -> bool:
         or bool(f.offloaded_gib)
         or any(r.offloader or r.offloaded_gib for r in f.ranks.values())
     )
+
+
+def _lower(title: str) -> str:
+    """A title inside a sentence: 'No room left' -> 'no room left', 'CUDA OOM' unchanged."""
+    if len(title) > 1 and title[0].isupper() and not title[1].isupper():
+        return title[0].lower() + title[1:]
+    return title
 
 
 def _gib(v: float | None) -> str:
@@ -291,46 +301,114 @@ def _served_pair(base: ModeResult, off: ModeResult) -> Comparison:
     return cmp(finding, perf)
 
 
-def needed_offload(off: ModeResult, weights_per_gpu_gib: float | None, util: float) -> float | None:
-    """How much offload would make the model fit, from the log's OOM figures and the weights.
+@dataclass(frozen=True, slots=True)
+class Need:
+    """How much offload per GPU would make the model fit, and what the figure rests on."""
 
-    With the model's weights known: what exceeds util x GPU, plus ~3 GiB for activations, CUDA
-    context and a minimal KV cache. Otherwise a lower bound: what was asked plus the shortfall
-    of the allocation that failed.
+    gib: float
+    lower_bound: bool
+    why: str
+
+    @property
+    def flag(self) -> int:
+        """The smallest whole --offload-gb the estimate allows."""
+        return math.ceil(self.gib + (0.01 if self.lower_bound else 0.0))
+
+    def words(self) -> str:
+        if self.lower_bound:
+            return (
+                f"More than {self.gib:g} GiB per GPU is needed: {self.why}. "
+                f"Try --offload-gb {self.flag} or more."
+            )
+        return (
+            f"About {self.gib:g} GiB per GPU would be needed: {self.why}. "
+            f"Try --offload-gb {self.flag}."
+        )
+
+
+def needed_offload(
+    off: ModeResult,
+    weights_per_gpu_gib: float | None,
+    util: float,
+    max_model_len: int | None = None,
+) -> Need | None:
+    """How much offload would make the model fit, from the mode's own log figures first.
+
+    The weights loaded but one request's KV cache did not fit: what was offloaded plus the
+    shortfall the log states. No KV memory at all: a lower bound (the KV cache of one request comes
+    on top). The weights did not load: with the model's size known, what exceeds util x GPU plus
+    ~3 GiB (activations, CUDA context, one request's KV cache); else a lower bound.
     """
     f = off.log_facts
     oom = f.oom if f else None
+    done = (f.offloaded_gib if f else None) or off.offload_gb
+    per_request = (
+        f"one request of max-model-len {max_model_len}" if max_model_len else "one request"
+    )
+    if oom is not None and oom.kv_needed_gib is not None and oom.kv_available_gib is not None:
+        short = max(0.0, oom.kv_needed_gib - oom.kv_available_gib)
+        return Need(
+            round(off.offload_gb + short, 2),
+            False,
+            f"{per_request} needs {oom.kv_needed_gib:g} GiB of KV cache and "
+            f"{oom.kv_available_gib:g} GiB was left, {short:.2f} GiB short",
+        )
+    kv = f.kv_cache_gib if f else None
+    if f is not None and f.model_loading_gib is not None and kv is not None and kv <= 0:
+        return Need(
+            round(off.offload_gb - kv, 2),
+            True,
+            f"the weights loaded ({f.model_loading_gib:g} GiB on the GPU, {done:g} GiB offloaded) "
+            f"but {kv:g} GiB was left for the KV cache, and the KV cache of {per_request} comes on "
+            "top (the log does not say how much)",
+        )
     total = (oom.total_gib if oom else None) or (f.gpu_total_gib if f else None)
     if weights_per_gpu_gib is not None and total:
-        return round(max(off.offload_gb, weights_per_gpu_gib - util * total + 3.0), 1)
-    if oom is not None and oom.free_gib is not None:
-        return round(off.offload_gb + max(0.0, oom.tried_gib - oom.free_gib), 1)
+        gib = round(max(off.offload_gb, weights_per_gpu_gib - util * total + 3.0), 1)
+        return Need(
+            gib,
+            False,
+            f"{weights_per_gpu_gib:.1f} GiB of weights per GPU against {util:g} x {total:g} GiB, "
+            "plus ~3 GiB for activations, the CUDA context and the KV cache of one request",
+        )
+    if oom is not None and oom.tried_gib is not None and oom.free_gib is not None:
+        gap = max(0.0, oom.tried_gib - oom.free_gib)
+        return Need(
+            round(off.offload_gb + gap, 2),
+            True,
+            f"the allocation that failed was {gap:.2f} GiB short; the weights still to load after "
+            "it are not in the log",
+        )
     return None
 
 
-def _needs_offload(
-    base: ModeResult, off: ModeResult, weights_gib: float | None, util: float
-) -> Comparison:
+def _needs_offload(base: ModeResult, off: ModeResult, fit: FitInputs) -> Comparison:
     """The baseline did not fit in GPU memory: did the offload mode make it fit?"""
     req = fmt_gb(off.offload_gb)
-    why = base.analysis.title if base.analysis else "out of GPU memory"
-    start = f"Without offload the model does not fit ({why})."
+    why = _lower((base.analysis.title if base.analysis else "") or "out of GPU memory")
+    lead = (
+        "Without offload"
+        if base.offload_gb == 0
+        else f"With --cpu-offload-gb {fmt_gb(base.offload_gb)} (the baseline)"
+    )
+    start = f"{lead} the model does not load: {why}."
+    of = off.log_facts
 
     def cmp(finding: Finding, **kw: object) -> Comparison:
         return Comparison(off.offload_gb, base.offload_gb, finding, **kw)  # type: ignore[arg-type]
 
     if off.ok:
-        offloaded = off.log_facts.offloaded_gib if off.log_facts else None
+        offloaded = of.offloaded_gib if of else None
         perf = solo_performance(off, offloaded or off.offload_gb)
         summary = (
-            f"{start} Offload {req} GiB makes the model fit: "
-            f"{_gib(offloaded)} GiB per GPU in host memory, weights on GPU "
-            f"{_gib(off.log_facts.model_loading_gib if off.log_facts else None)} GiB. {perf.text}"
+            f"{start} --cpu-offload-gb {req} makes it fit: {_gib(offloaded)} GiB per GPU stay in "
+            f"host memory and {_gib(of.model_loading_gib if of else None)} GiB of weights on the "
+            f"GPU. {perf.text}"
         )
         return cmp(
             Finding(
                 CompareStatus.EFFECTIVE,
-                "offload makes the model fit",
+                f"offload {req} GiB makes the model fit",
                 summary.strip(),
                 notes=perf.notes,
             ),
@@ -338,10 +416,10 @@ def _needs_offload(
         )
     if out_of_memory(off) and not offload_installed(off):
         version = version_of(off)
-        runner = off.log_facts.model_runner if off.log_facts else None
+        runner = of.model_runner if of else None
         summary = (
             f"{start} With --cpu-offload-gb {req} it failed the same way, and its log has no "
-            "offloader line (`Offloader set to …`, `Total CPU offloaded parameters`): the flag "
+            "offloader line (`Offloader set to ...`, `Total CPU offloaded parameters`): the flag "
             "was silently ignored."
         )
         if runner == "v2":
@@ -360,27 +438,22 @@ def _needs_offload(
             failed_mode=off.label,
         )
     if out_of_memory(off):
-        need = needed_offload(off, weights_gib, util)
-        est = (
-            f" About {need:g} GiB per GPU would be needed (estimate from the log's figures"
-            f"{' and the model size' if weights_gib is not None else ', a lower bound'})."
-            if need is not None
-            else ""
-        )
-        offloaded = off.log_facts.offloaded_gib if off.log_facts else None
-        summary = (
-            f"{start} Offload {req} GiB took effect"
-            f"{f' ({_gib(offloaded)} GiB offloaded)' if offloaded else ''} but is not enough: "
-            f"the mode still ran out of GPU memory ({off.analysis.title if off.analysis else ''})."
-            f"{est}"
-        )
+        need = needed_offload(off, fit.weights_gib, fit.util, fit.max_model_len)
+        offloaded = of.offloaded_gib if of else None
+        moved = f" ({_gib(offloaded)} GiB offloaded)" if offloaded else ""
+        title = _lower((off.analysis.title if off.analysis else "") or "out of GPU memory")
+        summary = f"{start} --cpu-offload-gb {req} took effect{moved} but is not enough: {title}."
+        if need is not None:
+            summary += " " + need.words()
         remedy = (
-            f"Raise --offload-gb to {need:g} or more" if need is not None else "Raise --offload-gb"
-        ) + ", or lower --max-model-len, or add GPUs (--tensor-parallel-size)."
+            f"Raise --offload-gb to {need.flag} or more"
+            if need is not None
+            else "Raise --offload-gb"
+        ) + ", lower --max-model-len, or add GPUs (--tensor-parallel-size)."
         return cmp(
             Finding(CompareStatus.FAILED, "not enough offload", summary, remedy),
             failed_mode=off.label,
-            needed_gib=need,
+            needed_gib=need.gib if need is not None else None,
         )
     f = failure(off, "offload")
     return cmp(
@@ -389,17 +462,22 @@ def _needs_offload(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FitInputs:
+    """What the 'how much offload is needed' estimate may use beyond the mode's own log."""
+
+    weights_gib: float | None = None  # weights per GPU, when the model is local
+    util: float = 0.92
+    max_model_len: int | None = None
+
+
 def compare_pair(
-    base: ModeResult,
-    off: ModeResult | None,
-    *,
-    weights_gib: float | None = None,
-    util: float = 0.92,
+    base: ModeResult, off: ModeResult | None, fit: FitInputs | None = None
 ) -> Comparison:
     """The verdict for one offload mode against the baseline."""
     if not base.ok:
         if off is not None and out_of_memory(base):
-            return _needs_offload(base, off, weights_gib, util)
+            return _needs_offload(base, off, fit or FitInputs())
         f = failure(base, "baseline")
         return Comparison(
             off.offload_gb if off else None, base.offload_gb, f, failed_mode=base.label

@@ -20,6 +20,11 @@ _OOM = re.compile(
     r"(?P<u>[\d.]{1,12}) (?P<uu>bytes|KiB|MiB|GiB) memory in use)?"
 )
 
+_KV_NEEDED = re.compile(
+    r"\((?P<need>[\d.]{1,12}) GiB KV cache is needed, which is larger than the available KV cache "
+    r"memory \((?P<avail>-?[\d.]{1,12}) GiB\)"
+)
+
 
 def _gib(num: str | None, unit: str | None) -> float | None:
     if num is None or unit is None:
@@ -31,28 +36,28 @@ def _gib(num: str | None, unit: str | None) -> float | None:
 
 
 def oom_figures(path: Path) -> OomFigures | None:
-    """The last CUDA OOM message's figures in the log, if any."""
-    found = None
+    """The figures of the last CUDA OOM and of the last KV cache shortfall in the log, if any."""
+    found = kv = None
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if "Tried to allocate" not in line:
-                    continue
-                m = _OOM.search(line[:MAX_LINE])
-                if m:
-                    found = m
+                if "Tried to allocate" in line:
+                    found = _OOM.search(line[:MAX_LINE]) or found
+                if "KV cache is needed" in line:
+                    kv = _KV_NEEDED.search(line[:MAX_LINE]) or kv
     except OSError:
         return None
-    if found is None:
-        return None
-    tried = _gib(found["t"], found["tu"])
-    if tried is None:
+    tried = _gib(found["t"], found["tu"]) if found else None
+    kv_need = _gib(kv["need"], "GiB") if kv else None
+    if tried is None and kv_need is None:
         return None
     return OomFigures(
         tried,
-        _gib(found["c"], found["cu"]),
-        _gib(found["f"], found["fu"]),
-        _gib(found["u"], found["uu"]),
+        _gib(found["c"], found["cu"]) if found else None,
+        _gib(found["f"], found["fu"]) if found else None,
+        _gib(found["u"], found["uu"]) if found else None,
+        kv_need,
+        _gib(kv["avail"], "GiB") if kv else None,
     )
 
 
@@ -95,3 +100,12 @@ def mode_analysis(a: Analysis) -> ModeAnalysis:
         offload_explanation=a.offload.explanation,
         ranks_disagree=a.offload.ranks_disagree,
     )
+
+
+def read_mode_log(path: Path, name: str) -> tuple[ModeAnalysis, LogFacts, str | None]:
+    """A mode's log through the analyze engine: its verdict, its figures, its last notable line."""
+    from vllm_offload_doctor.analyze import analyze_file
+
+    a = analyze_file(path, display_name=name)
+    last = a.notable[-1].text if a.notable else None
+    return mode_analysis(a), log_facts(a, oom_figures(path)), last

@@ -309,19 +309,29 @@ class LogFacts:
 
 @dataclass(frozen=True, slots=True)
 class OomFigures:
-    """The numbers of a CUDA OOM message: what was asked for and what the GPU had."""
+    """The numbers of a CUDA OOM message (what was asked for, what the GPU had) and of a KV cache
+    shortfall (`X GiB KV cache is needed, which is larger than the available ... (Y GiB)`)."""
 
-    tried_gib: float
+    tried_gib: float | None
     total_gib: float | None
     free_gib: float | None
     in_use_gib: float | None
+    kv_needed_gib: float | None = None
+    kv_available_gib: float | None = None
 
     def to_dict(self) -> Json:
-        return pack(self)
+        return pack(self, ("kv_needed_gib", "kv_available_gib"))
 
     @classmethod
     def from_dict(cls, d: Json) -> OomFigures:
-        return cls(d["tried_gib"], d.get("total_gib"), d.get("free_gib"), d.get("in_use_gib"))
+        return cls(
+            d.get("tried_gib"),
+            d.get("total_gib"),
+            d.get("free_gib"),
+            d.get("in_use_gib"),
+            d.get("kv_needed_gib"),
+            d.get("kv_available_gib"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

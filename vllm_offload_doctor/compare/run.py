@@ -20,6 +20,7 @@ from vllm_offload_doctor import __version__
 from vllm_offload_doctor.compare import artifacts as art
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, CompareConfig, fmt_gb
 from vllm_offload_doctor.compare.decide import (
+    FitInputs,
     compare_pair,
     decide,
     gpu_util_default,
@@ -29,7 +30,7 @@ from vllm_offload_doctor.compare.decide import (
     version_of,
     with_fix,
 )
-from vllm_offload_doctor.compare.logscan import log_facts, mode_analysis, oom_figures
+from vllm_offload_doctor.compare.logscan import read_mode_log
 from vllm_offload_doctor.compare.measurement import measure
 from vllm_offload_doctor.compare.model import (
     CompareReport,
@@ -162,10 +163,7 @@ class CompareRun:
         return 0 if self.report.verdict.status == CompareStatus.EFFECTIVE else 1
 
     def _fix_env(self) -> dict[str, str] | None:
-        name, value = V1_RUNNER_ENV
-        if not self.cfg.verify_fix or os.environ.get(name) == value:
-            return None
-        return {name: value}
+        return self.cfg.fix_env()
 
     def _run_modes(self) -> None:
         cfg = self.cfg
@@ -185,8 +183,8 @@ class CompareRun:
                 f"baseline failed ({base.reason}), for a reason offload cannot change; "
                 "skipping the offload modes"
             )
-        weights, util = self._fit_inputs(base)
-        comps = [compare_pair(base, off, weights_gib=weights, util=util) for off in offs]
+        fit = self._fit_inputs(base)
+        comps = [compare_pair(base, off, fit) for off in offs]
         if not comps:
             comps = [compare_pair(base, None)]
         comps, notes = self._verify(base, comps)
@@ -198,18 +196,19 @@ class CompareRun:
             verdict = replace(verdict, finding=replace(f, notes=f.notes + tuple(notes)))
         self._set(comparisons=tuple(comps), verdict=verdict)
 
-    def _fit_inputs(self, base: ModeResult) -> tuple[float | None, float]:
-        """Weights per GPU (local models only) and gpu_memory_utilization, for the fit estimate."""
+    def _fit_inputs(self, base: ModeResult) -> FitInputs:
+        """Weights per GPU (local models only), gpu_memory_utilization and context length."""
         util = self.cfg.gpu_memory_utilization() or gpu_util_default(version_of(base))
+        mml = self.cfg.max_model_len
         if base.ok:
-            return None, util
+            return FitInputs(None, util, mml)
         from vllm_offload_doctor.modelsize import inspect_model
 
         try:
             size = inspect_model(self.cfg.model, os.environ, Path.home())
         except (DoctorError, OSError, ValueError):
-            return None, util
-        return size.total_bytes / 2**30 / self.cfg.tensor_parallel_size(), util
+            return FitInputs(None, util, mml)
+        return FitInputs(size.total_bytes / 2**30 / self.cfg.tensor_parallel_size(), util, mml)
 
     def _verify(
         self, base: ModeResult, comps: list[Comparison]
@@ -240,7 +239,7 @@ class CompareRun:
             fix_mode = self.run_mode(
                 len(self.report.modes), len(self.report.modes) + 1, gb, Role.VERIFY_FIX, env
             )
-            fix = compare_pair(base, fix_mode, weights_gib=None)
+            fix = compare_pair(base, fix_mode, self._fit_inputs(base))
             out[i] = with_fix(out[i], fix, assign)
         return out, []
 
@@ -340,8 +339,6 @@ class CompareRun:
 
     def _finish_mode(self, mode: ModeResult, srv: ServerProcess, raw_log: Path) -> ModeResult:
         """Stop the server, analyse the raw log, save it scrubbed, delete the raw copy."""
-        from vllm_offload_doctor.analyze import analyze_file
-
         s = srv.stop()
         mode = replace(
             mode,
@@ -356,23 +353,21 @@ class CompareRun:
             leftover_pids=tuple(s.survivors) if s.survivors else None,
         )
         try:
-            a = analyze_file(raw_log, display_name=mode.log)
+            analysis, facts, last_error = read_mode_log(raw_log, mode.log)
         except Exception as exc:  # the verdict must survive an analysis bug
             mode = replace(mode, analysis_error=f"log analysis failed: {type(exc).__name__}: {exc}")
         else:
-            analysis = mode_analysis(a)
             analysis = replace(
                 analysis,
                 title=art.scrub(analysis.title),
                 summary=art.scrub(analysis.summary),
                 offload_explanation=art.scrub(analysis.offload_explanation),
             )
-            facts = log_facts(a, oom_figures(raw_log))
             if facts.model_runner_evidence:
                 facts = replace(facts, model_runner_evidence=art.scrub(facts.model_runner_evidence))
             mode = replace(mode, analysis=analysis, log_facts=facts)
-            if not mode.ok and a.notable:
-                mode = replace(mode, last_error_line=art.scrub(a.notable[-1].text)[:400])
+            if not mode.ok and last_error:
+                mode = replace(mode, last_error_line=art.scrub(last_error)[:400])
         try:
             art.save_scrubbed_log(raw_log, self.out / mode.log)
         finally:
