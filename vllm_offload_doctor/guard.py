@@ -6,7 +6,8 @@ the server's process group). It asks the kernel for SIGUSR2 when its parent dies
 child in the same group, and on that signal takes the whole group down (SIGTERM, then SIGKILL).
 Why a wrapper instead of `preexec_fn`: preexec_fn is unsafe when the parent has threads, and a
 parent-death signal on the server itself would not reach its own children (EngineCore,
-workers); the group kill does. Stdlib only, no site-packages: it starts in milliseconds.
+workers); the group kill does. Where prctl is missing, a watchdog notices the new parent within
+a second. Stdlib only, no site-packages: it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 TERM_WAIT_S = 3.0
+WATCH_S = 1.0
 
 
 def _kill_group() -> None:
@@ -74,8 +76,12 @@ def main(argv: list[str]) -> int:
         return 127
     while True:
         try:
-            rc = child.wait()
+            rc = child.wait(timeout=WATCH_S)
             break
+        except subprocess.TimeoutExpired:
+            # Watchdog for when the death signal cannot be had (no prctl) or was lost.
+            if os.getppid() != parent:
+                _kill_group()
         except InterruptedError:
             continue
     return rc if rc >= 0 else 128 - rc

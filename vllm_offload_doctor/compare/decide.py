@@ -414,13 +414,20 @@ def _needs_offload(base: ModeResult, off: ModeResult, fit: FitInputs) -> Compari
             ),
             performance=perf,
         )
-    if out_of_memory(off) and not offload_installed(off):
+    oa = off.analysis
+    flagged = oa is not None and (
+        oa.category == "offload_ignored" or oa.offload_status == "ignored"
+    )
+    if (out_of_memory(off) or flagged) and not offload_installed(off):
         version = version_of(off)
         runner = of.model_runner if of else None
+        same = (
+            oa is not None and base.analysis is not None and oa.category == base.analysis.category
+        )
         summary = (
-            f"{start} With --cpu-offload-gb {req} it failed the same way, and its log has no "
-            "offloader line (`Offloader set to ...`, `Total CPU offloaded parameters`): the flag "
-            "was silently ignored."
+            f"{start} With --cpu-offload-gb {req} it failed {'the same way' if same else 'too'}, "
+            "and its log has no offloader line (`Offloader set to ...`, `Total CPU offloaded "
+            "parameters`): the flag was silently ignored."
         )
         if runner == "v2":
             summary += (
@@ -493,16 +500,29 @@ def compare_pair(
 def with_fix(c: Comparison, fix: Comparison, env: str) -> Comparison:
     """Record what the --verify-fix re-run showed on an `ignored` comparison."""
     works = fix.status == CompareStatus.EFFECTIVE
-    if works:
-        line = f"Verified: with {env} the same offload mode took effect. {fix.finding.summary}"
-    else:
-        line = f"Verified: with {env} the offload mode still did not work: {fix.finding.summary}"
     f = c.finding
+    told = fix.finding.summary
+    first = f.summary.split(". ", 1)[0] + ". "
+    if told.startswith(first):  # both begin with the same baseline sentence: say it once
+        told = told[len(first) :]
+    if works:
+        line = f"Verified: with {env} the same offload mode works. {told}"
+        remedy = f"{f.remedy} Verified here by --verify-fix."
+    else:
+        line = f"Verified: with {env} the offload mode still does not work. {told}"
+        remedy = f.remedy
     summary = f"{f.summary} {line}"
     return Comparison(
         c.offload_gb,
         c.baseline_gb,
-        Finding(f.status, f.title, summary, f.remedy, f.links, f.notes),
+        Finding(
+            f.status,
+            f.title,
+            summary,
+            remedy,
+            f.links,
+            tuple(dict.fromkeys(f.notes + fix.finding.notes)),
+        ),
         c.figures,
         c.performance,
         c.failed_mode,

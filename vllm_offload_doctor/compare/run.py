@@ -219,7 +219,12 @@ class CompareRun:
         ignored = [i for i, c in enumerate(comps) if c.status == CompareStatus.IGNORED]
         env = self._fix_env()
         if not ignored:
-            return comps, ["--verify-fix: nothing to verify (no offload mode was ignored)."]
+            already = (
+                f" ({V1_RUNNER_ENV[0]}={V1_RUNNER_ENV[1]} is already set)" if env is None else ""
+            )
+            return comps, [
+                f"--verify-fix: nothing to verify, no offload mode was ignored{already}."
+            ]
         off = next(m for m in self.report.modes if m.offload_gb == comps[ignored[0]].offload_gb)
         version = version_of(off)
         if env is None:
