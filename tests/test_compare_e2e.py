@@ -276,10 +276,17 @@ def _start_interruptible(tmp_path: Path, marker: str) -> tuple[subprocess.Popen[
             break
         time.sleep(0.1)
     else:
-        proc.kill()
-        proc.communicate()  # reap it: an unreaped Popen warns in whichever test runs next
+        reap(proc)
         pytest.fail("the offload-mode server never started")
     return proc, out
+
+
+def reap(proc: subprocess.Popen[str]) -> None:
+    """Kill and wait: a Popen dropped while its process runs raises ResourceWarning in whichever
+    test the garbage collector happens to run next (an error under filterwarnings=error)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
 
 
 def _offload_mode_started(out: Path) -> bool:
@@ -304,10 +311,9 @@ def test_interrupt_cleans_up_and_keeps_partial_report(
     proc, out = _start_interruptible(tmp_path, marker)
     try:
         proc.send_signal(sig)
-        _stdout, stderr = proc.communicate(timeout=30)
+        _stdout, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        reap(proc)
         survivors = kill_marked(marker)
     assert proc.returncode == rc, stderr
     assert survivors == [], f"processes left behind: {survivors}"

@@ -344,7 +344,7 @@ def test_sigkill_of_the_doctor_takes_the_server_down(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.wait()
         left = kill_marked(marker)
     assert survivors == [], f"server tree outlived the doctor: {survivors}"
     assert left == []
