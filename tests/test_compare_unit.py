@@ -305,3 +305,42 @@ def test_render_text_and_markdown() -> None:
     md = render_markdown(typed)
     assert "**Verdict: `effective`**" in md and "| Model loading took |" in md
     json.dumps(report)  # the report is plain JSON
+
+
+def test_link_is_charged_to_the_extra_offload_and_an_impossible_rate_is_no_bandwidth() -> None:
+    """The H200 run: --baseline-gb 30 vs --offload-gb 40, 24.3 -> 29.3 s per 32 tokens.
+
+    The old verdict divided the extra time into all 40.42 GiB ("about 278 GB/s"). Against the
+    9.81 GiB that moved in addition, +156 ms per token would need 67 GB/s: more than the raw
+    63 GB/s of PCIe gen5 x16, so it is reported as inconsistent, never as a bandwidth.
+    """
+    base = _mode(
+        "30", 30.0, offloader="UVAOffloader", offloaded_gib=30.61, model_loading_gib=121.17
+    )
+    off = _mode("40", 40.0, offloader="UVAOffloader", offloaded_gib=40.42, model_loading_gib=111.36)
+    for m, median in ((base, 24.3), (off, 29.3)):
+        m["analysis"]["offload_status"] = "effective"
+        m["latency"] = dict(m["latency"], n=1, ok=1, median_s=median)
+    c = judge(base, off)
+    assert c["status"] == "effective"
+    perf = c["performance"]
+    assert perf["offloaded_delta_gib"] == pytest.approx(9.81)
+    assert perf["extra_ms_per_token"] == pytest.approx(156.25)
+    assert perf["consistent"] is False and "implied_gbs" not in perf
+    assert "not a bandwidth" in c["summary"] and "278" not in c["summary"]
+    assert "the extra offloaded weights (9.81 GiB per GPU)" in c["summary"]
+    assert any("1 measured request(s) per mode is too few" in n for n in c["notes"])
+
+
+def test_a_possible_rate_on_the_difference_is_reported() -> None:
+    base = _mode(
+        "30", 30.0, offloader="UVAOffloader", offloaded_gib=30.61, model_loading_gib=121.17
+    )
+    off = _mode("40", 40.0, offloader="UVAOffloader", offloaded_gib=40.42, model_loading_gib=111.36)
+    for m, median in ((base, 24.3), (off, 30.3)):
+        m["analysis"]["offload_status"] = "effective"
+        m["latency"] = dict(m["latency"], median_s=median)
+    perf = judge(base, off)["performance"]
+    # 9.81 GiB in 187.5 ms per token: 56 GB/s, below the raw 63 GB/s
+    assert perf["consistent"] is True
+    assert perf["implied_gbs"] == pytest.approx(9.81 * 2**30 / 0.1875 / 1e9, rel=0.01)
