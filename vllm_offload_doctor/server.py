@@ -49,6 +49,7 @@ class StartResult:
     returncode: int | None = None
     timed_out: bool = False
     reason: str = ""
+    unauthorized: bool = False  # /v1 answered 401: the server wants an API key we lack
 
 
 @dataclass(slots=True)
@@ -191,7 +192,7 @@ class ServerProcess:
                 if ready == 401:
                     why = "rejected the API key sent" if self.sent_key else "wants an API key"
                     return StartResult(
-                        False, self.elapsed(),
+                        False, self.elapsed(), unauthorized=True,
                         reason=f"401: the server {why} (give it with `-- --api-key KEY` "
                         "or VLLM_API_KEY)",
                     )

@@ -116,7 +116,7 @@ def _gib(v: float | None) -> str:
 
 
 def _mode_words(mode: ModeResult, which: str) -> str:
-    return f"The {which} mode (offload {mode.label} GiB)"
+    return f"The {which} mode (--cpu-offload-gb {fmt_gb(mode.offload_gb)})"
 
 
 def failure(mode: ModeResult, which: str) -> Finding:
@@ -126,9 +126,11 @@ def failure(mode: ModeResult, which: str) -> Finding:
     title = f"the {which} mode failed"
     summary = f"{_mode_words(mode, which)} failed: {reason}."
     cat = a.category if a else None
-    if a and cat not in ("healthy", "unknown"):
-        summary += f" Root cause from its log ({cat}): {a.summary}"
-        title = f"the {which} mode failed: {a.title or cat}"
+    if mode.status == ModeStatus.UNAUTHORIZED:
+        title = f"the {which} mode refused the requests: 401, the server wants an API key"
+    elif a and cat not in ("healthy", "unknown"):
+        summary += f" Its log names the root cause ({cat}): {_lower(a.summary)}"
+        title = f"the {which} mode failed: {_lower(a.title) or cat}"
     elif mode.status == ModeStatus.TIMEOUT:
         summary += (
             f" Its log ends in the phase '{mode.phase}'; raise --timeout if it was still "

@@ -49,6 +49,7 @@ class ModeStatus(StrEnum):
     TIMEOUT = "timeout"
     REQUESTS_FAILED = "requests_failed"
     INTERRUPTED = "interrupted"
+    UNAUTHORIZED = "unauthorized"  # ready, but /v1 refused us: an API key is missing or wrong
 
 
 class Role(StrEnum):

@@ -323,7 +323,13 @@ class CompareRun:
                     reason=None if ok else _request_failure(served),
                 )
             else:
-                status = ModeStatus.EXITED if res.exited else ModeStatus.TIMEOUT
+                status = (
+                    ModeStatus.EXITED
+                    if res.exited
+                    else ModeStatus.UNAUTHORIZED
+                    if res.unauthorized
+                    else ModeStatus.TIMEOUT
+                )
                 mode = replace(mode, status=status, returncode=res.returncode, reason=res.reason)
                 if prog:
                     prog.line(f"{res.reason} (last phase: {mode.phase})")
