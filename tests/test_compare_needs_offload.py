@@ -173,3 +173,28 @@ def test_baseline_with_offload_in_the_wording() -> None:
     assert c.finding.summary.startswith(
         "With --cpu-offload-gb 25 (the baseline) the model does not load: no room left for the KV"
     )
+
+
+@pytest.mark.parametrize(
+    ("category", "ready", "runs_offload"),
+    [
+        ("oom_weights", False, True),
+        ("oom_kv_cache", False, True),
+        ("oom_runtime", False, True),  # e.g. an OOM while profiling, before the server is ready
+        ("oom_runtime", True, False),
+        ("oom_gpu_util", False, False),  # another process holds the memory
+        ("bad_args", False, False),
+        ("model_download", False, False),
+    ],
+)
+def test_which_baseline_failures_offload_can_change(
+    category: str, ready: bool, runs_offload: bool
+) -> None:
+    base = weights_oom_baseline()
+    assert base.analysis is not None and base.log_facts is not None
+    base = replace(
+        base,
+        analysis=replace(base.analysis, category=category),
+        log_facts=replace(base.log_facts, reached_ready=ready),
+    )
+    assert out_of_memory(base) is runs_offload

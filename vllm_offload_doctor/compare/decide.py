@@ -91,8 +91,14 @@ def version_of(mode: ModeResult) -> str | None:
 
 
 def out_of_memory(mode: ModeResult) -> bool:
-    """The mode could not load for lack of GPU memory (weights or KV cache)."""
-    return not mode.ok and mode.analysis is not None and mode.analysis.category in MEMORY_CATEGORIES
+    """The mode could not start for lack of GPU memory: weights, KV cache, or a CUDA OOM later in
+    start-up (profiling, graph capture), all of which offloaded weights make room for. Not when
+    another process holds the memory (oom_gpu_util): offload cannot change that."""
+    a = mode.analysis
+    if mode.ok or a is None:
+        return False
+    started = mode.log_facts is not None and mode.log_facts.reached_ready
+    return a.category in MEMORY_CATEGORIES or (a.category == "oom_runtime" and not started)
 
 
 def offload_installed(mode: ModeResult) -> bool:

@@ -179,9 +179,10 @@ class CompareRun:
                 )
             offs = [self.run_mode(i, n, gb, Role.OFFLOAD) for i, gb in enumerate(modes) if i]
         else:
+            cause = base.analysis.title if base.analysis else base.reason
             self._say(
-                f"baseline failed ({base.reason}), for a reason offload cannot change; "
-                "skipping the offload modes"
+                f"the baseline failed ({cause}); offload cannot change that, so the offload "
+                "mode(s) are not run"
             )
         fit = self._fit_inputs(base)
         comps = [compare_pair(base, off, fit) for off in offs]
