@@ -125,7 +125,13 @@ class CompareRun:
 
     def execute(self) -> int:
         with art.claim(self.out, force=self.cfg.force):
-            self._raw_dir = Path(tempfile.mkdtemp(prefix="offload-doctor-raw-"))
+            try:
+                self._raw_dir = Path(tempfile.mkdtemp(prefix="offload-doctor-raw-"))
+            except OSError as exc:
+                raise art.WriteError(
+                    f"cannot create a private folder for the server logs in "
+                    f"{tempfile.gettempdir()}: {exc.strerror or exc}"
+                ) from exc
             try:
                 return self._execute()
             finally:
