@@ -344,3 +344,73 @@ def test_a_possible_rate_on_the_difference_is_reported() -> None:
     # 9.81 GiB in 187.5 ms per token: 56 GB/s, below the raw 63 GB/s
     assert perf["consistent"] is True
     assert perf["implied_gbs"] == pytest.approx(9.81 * 2**30 / 0.1875 / 1e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("extra", "own", "rest", "values"),
+    [
+        (
+            ["--load-format", "dummy", "--max-model-len", "2048", "--enforce-eager"],
+            {"max_model_len": None, "served_model_name": None},
+            ["--load-format", "dummy", "--enforce-eager"],
+            {"max_model_len": 2048, "served_model_name": None},
+        ),
+        (
+            ["--served-model-name=big", "--max-model-len=4096"],
+            {"max_model_len": 4096, "served_model_name": None},
+            [],
+            {"max_model_len": 4096, "served_model_name": "big"},
+        ),
+    ],
+)
+def test_same_for_every_mode_flags_after_dashdash_are_taken_as_compares(
+    extra: list[str], own: dict[str, Any], rest: list[str], values: dict[str, Any]
+) -> None:
+    from vllm_offload_doctor.compare.config import absorb_passthrough
+
+    assert absorb_passthrough(extra, own) == (rest, values)
+
+
+@pytest.mark.parametrize(
+    ("extra", "own", "message"),
+    [
+        (["--max-model-len", "2048"], {"max_model_len": 4096}, "contradicts"),
+        (["--max-model-len", "lots"], {"max_model_len": None}, "not a whole number"),
+        (["--served-model-name"], {"served_model_name": None}, "needs a value"),
+    ],
+)
+def test_contradicting_or_broken_flags_after_dashdash(
+    extra: list[str], own: dict[str, Any], message: str
+) -> None:
+    from vllm_offload_doctor.compare.config import absorb_passthrough
+
+    with pytest.raises(DoctorError, match=message):
+        absorb_passthrough(extra, own)
+
+
+@pytest.mark.parametrize("v1_already", [False, True])
+def test_the_h200_command_lines_are_valid(
+    v1_already: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from vllm_offload_doctor.compare.cli import compare
+
+    if v1_already:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    else:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    args = (
+        "--model /tmp/big --served-model-name big --offload-gb 32 --verify-fix --max-tokens 8 "
+        f"--repeats 1 --warmup 0 --out {tmp_path / 'DIR'} --dry-run -- --load-format dummy "
+        "--enforce-eager --max-model-len 2048 --attention-backend TRITON_ATTN"
+    ).split()
+    result = CliRunner().invoke(compare, args, standalone_mode=False)
+    assert result.exception is None, result.output
+    serve = [ln for ln in result.output.splitlines() if "vllm serve" in ln]
+    assert len(serve) == (2 if v1_already else 3)
+    for line in serve:
+        assert line.count("--max-model-len 2048") == 1 and "--served-model-name big" in line
+        assert line.endswith("--load-format dummy --enforce-eager --attention-backend TRITON_ATTN")
+    assert serve[-1].startswith("VLLM_USE_V2_MODEL_RUNNER=0 vllm serve") is not v1_already
+    assert not (tmp_path / "DIR").exists()
