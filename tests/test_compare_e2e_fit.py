@@ -126,6 +126,15 @@ def test_verify_fix_with_the_fix_already_set_is_effective(tmp_path: Path) -> Non
     assert [m["label"] for m in report["modes"]] == ["0", "1"]
 
 
+def test_a_baseline_failure_offload_cannot_change_stops_early(tmp_path: Path) -> None:
+    proc, report = run_compare(tmp_path, "needs-offload", "--", "--no-such-flag")
+    assert proc.returncode == 1
+    assert [m["label"] for m in report["modes"]] == ["0"]
+    assert mode(report, "0")["analysis"]["category"] == "bad_args"
+    assert report["verdict"]["status"] == "failed"
+    assert "offload cannot change that" in proc.stderr
+
+
 def test_several_offload_values_each_on_its_own_line(tmp_path: Path) -> None:
     proc, report = run_compare(
         tmp_path, "needs-offload", "--offload-gb", "0.5", "--cpu-offload-gb", "1"
