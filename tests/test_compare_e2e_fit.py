@@ -371,3 +371,17 @@ def _zombie(pid: int) -> bool:
 
 if sys.platform != "linux":  # pragma: no cover - the guard's death signal is Linux-only
     pytestmark = pytest.mark.skip("Linux only")
+
+
+def test_raw_logs_of_a_killed_run_are_swept(tmp_path: Path) -> None:
+    from vllm_offload_doctor.compare.artifacts import RAW_PREFIX, sweep_raw_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{RAW_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{RAW_PREFIX}{os.getpid()}-def"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "mode-0.log").write_text(f"api_key {SECRETS['api_key']}\n")
+    sweep_raw_dirs(tmp_path)
+    assert not stale.exists() and live.exists()

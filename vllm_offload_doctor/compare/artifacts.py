@@ -171,3 +171,30 @@ def save_scrubbed_log(raw: Path, dest: Path, limit_line: int = 65536) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise WriteError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+
+
+RAW_PREFIX = "offload-doctor-raw-"
+
+
+def raw_dir_prefix() -> str:
+    """The private folder of raw server logs carries our pid, so a later run can tell it is dead."""
+    return f"{RAW_PREFIX}{os.getpid()}-"
+
+
+def sweep_raw_dirs(tmp: Path) -> None:
+    """Remove raw (unscrubbed) log folders left by runs that were killed (SIGKILL, OOM killer)."""
+    import shutil
+
+    with contextlib.suppress(OSError):
+        for d in tmp.glob(RAW_PREFIX + "*-*"):
+            pid = d.name[len(RAW_PREFIX) :].split("-", 1)[0]
+            if not pid.isdigit() or d.is_symlink() or not d.is_dir():
+                continue
+            try:
+                if d.stat().st_uid != os.getuid():
+                    continue
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                continue

@@ -1,7 +1,8 @@
 """CompareRun: each mode in turn (start, wait, measure, stop, analyse), the report kept on disk.
 
 A server log is written raw into a private temporary folder (only this run opens it), analysed
-there, and saved into the run folder scrubbed of secrets; the raw copy is then deleted.
+there, and saved into the run folder scrubbed of secrets; the raw copy is then deleted (and the
+folder of a run that was killed is swept by the next run).
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class CompareRun:
     def execute(self) -> int:
         with art.claim(self.out, force=self.cfg.force):
             try:
-                self._raw_dir = Path(tempfile.mkdtemp(prefix="offload-doctor-raw-"))
+                art.sweep_raw_dirs(Path(tempfile.gettempdir()))
+                self._raw_dir = Path(tempfile.mkdtemp(prefix=art.raw_dir_prefix()))
             except OSError as exc:
                 raise art.WriteError(
                     f"cannot create a private folder for the server logs in "
