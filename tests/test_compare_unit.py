@@ -20,8 +20,16 @@ from vllm_offload_doctor.compare import (
     compare_pair,
     relevant_env,
 )
-from vllm_offload_doctor.compare_render import render_markdown, render_text
+from vllm_offload_doctor.compare.model import CompareReport, ModeResult
+from vllm_offload_doctor.compare.render import render_markdown, render_text
 from vllm_offload_doctor.errors import DoctorError
+
+
+def judge(base: dict[str, Any], off: dict[str, Any] | None) -> dict[str, Any]:
+    """compare_pair on the typed modes, as the report.json dict."""
+    b = ModeResult.from_dict(base)
+    o = ModeResult.from_dict(off) if off is not None else None
+    return compare_pair(b, o).to_dict()
 
 
 def test_default_command_is_the_reference_procedure() -> None:
@@ -141,6 +149,7 @@ def _mode(label: str, gb: float, **facts: Any) -> dict[str, Any]:
         "label": label,
         "offload_gb": gb,
         "status": "ok",
+        "role": "baseline" if gb == 0 else "offload",
         "startup_s": 100.0,
         "command": ["vllm", "serve", "m"],
         "log": f"mode-{label}.log",
@@ -201,7 +210,7 @@ EFFECTIVE["latency"] = dict(EFFECTIVE["latency"], median_s=0.395)
 
 
 def test_verdict_effective_with_link_bound() -> None:
-    c = compare_pair(BASE, EFFECTIVE, CompareConfig())
+    c = judge(BASE, EFFECTIVE)
     assert c["status"] == "effective"
     assert c["weights_delta_gib"] == pytest.approx(0.5)
     perf = c["performance"]
@@ -216,7 +225,7 @@ def test_verdict_effective_with_link_bound() -> None:
 def test_verdict_ignored_v2_has_links_and_remedy() -> None:
     off = _mode("0.5", 0.5, model_runner="v2")
     off["analysis"].update(category="offload_ignored", offload_status="ignored")
-    c = compare_pair(BASE, off, CompareConfig())
+    c = judge(BASE, off)
     assert c["status"] == "ignored"
     assert set(MRV2_LINKS) <= set(c["links"])
     assert "VLLM_USE_V2_MODEL_RUNNER=0" in c["remedy"] and "0.28.0" in c["remedy"]
@@ -225,7 +234,7 @@ def test_verdict_ignored_v2_has_links_and_remedy() -> None:
 def test_verdict_ignored_from_measurement_alone() -> None:
     off = _mode("0.5", 0.5)  # V1, no offload lines, same weights: nothing moved
     off["analysis"]["offload_status"] = "unknown"
-    c = compare_pair(BASE, off, CompareConfig())
+    c = judge(BASE, off)
     assert c["status"] == "ignored" and "make_layers" in c["summary"]
 
 
@@ -239,7 +248,7 @@ def test_verdict_failed_carries_root_cause() -> None:
         remedy="Offload more.",
         links=["https://docs.vllm.ai/x"],
     )
-    c = compare_pair(BASE, off, CompareConfig())
+    c = judge(BASE, off)
     assert c["status"] == "failed" and c["failed_mode"] == "0.5"
     assert "oom_weights" in c["summary"] and c["remedy"] == "Offload more."
 
@@ -247,7 +256,7 @@ def test_verdict_failed_carries_root_cause() -> None:
 def test_verdict_failed_baseline() -> None:
     base = copy.deepcopy(BASE)
     base.update(status="timeout", reason="not ready after 600 s (--timeout)", phase="CUDA graphs")
-    c = compare_pair(base, None, CompareConfig())
+    c = judge(base, None)
     assert c["status"] == "failed" and "baseline" in c["summary"] and "CUDA graphs" in c["summary"]
 
 
@@ -255,7 +264,7 @@ def test_verdict_inconclusive_when_loading_missing() -> None:
     base = _mode("0", 0.0, model_loading_gib=None)
     off = _mode("0.5", 0.5, model_loading_gib=None)
     off["analysis"]["offload_status"] = "unknown"
-    c = compare_pair(base, off, CompareConfig())
+    c = judge(base, off)
     assert c["status"] == "inconclusive" and "missing" in c["summary"]
 
 
@@ -267,7 +276,7 @@ def test_verdict_tp_ranks_disagree() -> None:
     }
     base = _mode("0", 0.0, ranks=ranks_b, model_loading_gib=0.58)
     off = _mode("0.5", 0.5, ranks=ranks_o, offloaded_gib=0.51, model_loading_gib=0.08)
-    c = compare_pair(base, off, CompareConfig())
+    c = judge(base, off)
     assert c["status"] == "inconclusive" and "Worker_TP1" in c["summary"]
     assert c["ranks"]["Worker_TP0"]["status"] == "effective"
     assert c["ranks"]["Worker_TP1"]["status"] == "ignored"
@@ -289,9 +298,119 @@ def test_render_text_and_markdown() -> None:
         },
         "environment": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
     }
-    text = render_text(report, "/out")
+    typed = CompareReport.from_dict(report)
+    text = render_text(typed, "/out")
     assert "Verdict: OK offload took effect" in text and "0.51 GiB" in text
     assert "Model loading took" in text and "395 ms" in text
-    md = render_markdown(report)
+    md = render_markdown(typed)
     assert "**Verdict: `effective`**" in md and "| Model loading took |" in md
     json.dumps(report)  # the report is plain JSON
+
+
+def test_link_is_charged_to_the_extra_offload_and_an_impossible_rate_is_no_bandwidth() -> None:
+    """The H200 run: --baseline-gb 30 vs --offload-gb 40, 24.3 -> 29.3 s per 32 tokens.
+
+    The old verdict divided the extra time into all 40.42 GiB ("about 278 GB/s"). Against the
+    9.81 GiB that moved in addition, +156 ms per token would need 67 GB/s: more than the raw
+    63 GB/s of PCIe gen5 x16, so it is reported as inconsistent, never as a bandwidth.
+    """
+    base = _mode(
+        "30", 30.0, offloader="UVAOffloader", offloaded_gib=30.61, model_loading_gib=121.17
+    )
+    off = _mode("40", 40.0, offloader="UVAOffloader", offloaded_gib=40.42, model_loading_gib=111.36)
+    for m, median in ((base, 24.3), (off, 29.3)):
+        m["analysis"]["offload_status"] = "effective"
+        m["latency"] = dict(m["latency"], n=1, ok=1, median_s=median)
+    c = judge(base, off)
+    assert c["status"] == "effective"
+    perf = c["performance"]
+    assert perf["offloaded_delta_gib"] == pytest.approx(9.81)
+    assert perf["extra_ms_per_token"] == pytest.approx(156.25)
+    assert perf["consistent"] is False and "implied_gbs" not in perf
+    assert "not a bandwidth" in c["summary"] and "278" not in c["summary"]
+    assert "the extra offloaded weights (9.81 GiB per GPU)" in c["summary"]
+    assert any("1 measured request(s) per mode is too few" in n for n in c["notes"])
+
+
+def test_a_possible_rate_on_the_difference_is_reported() -> None:
+    base = _mode(
+        "30", 30.0, offloader="UVAOffloader", offloaded_gib=30.61, model_loading_gib=121.17
+    )
+    off = _mode("40", 40.0, offloader="UVAOffloader", offloaded_gib=40.42, model_loading_gib=111.36)
+    for m, median in ((base, 24.3), (off, 30.3)):
+        m["analysis"]["offload_status"] = "effective"
+        m["latency"] = dict(m["latency"], median_s=median)
+    perf = judge(base, off)["performance"]
+    # 9.81 GiB in 187.5 ms per token: 56 GB/s, below the raw 63 GB/s
+    assert perf["consistent"] is True
+    assert perf["implied_gbs"] == pytest.approx(9.81 * 2**30 / 0.1875 / 1e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("extra", "own", "rest", "values"),
+    [
+        (
+            ["--load-format", "dummy", "--max-model-len", "2048", "--enforce-eager"],
+            {"max_model_len": None, "served_model_name": None},
+            ["--load-format", "dummy", "--enforce-eager"],
+            {"max_model_len": 2048, "served_model_name": None},
+        ),
+        (
+            ["--served-model-name=big", "--max-model-len=4096"],
+            {"max_model_len": 4096, "served_model_name": None},
+            [],
+            {"max_model_len": 4096, "served_model_name": "big"},
+        ),
+    ],
+)
+def test_same_for_every_mode_flags_after_dashdash_are_taken_as_compares(
+    extra: list[str], own: dict[str, Any], rest: list[str], values: dict[str, Any]
+) -> None:
+    from vllm_offload_doctor.compare.config import absorb_passthrough
+
+    assert absorb_passthrough(extra, own) == (rest, values)
+
+
+@pytest.mark.parametrize(
+    ("extra", "own", "message"),
+    [
+        (["--max-model-len", "2048"], {"max_model_len": 4096}, "contradicts"),
+        (["--max-model-len", "lots"], {"max_model_len": None}, "not a whole number"),
+        (["--served-model-name"], {"served_model_name": None}, "needs a value"),
+    ],
+)
+def test_contradicting_or_broken_flags_after_dashdash(
+    extra: list[str], own: dict[str, Any], message: str
+) -> None:
+    from vllm_offload_doctor.compare.config import absorb_passthrough
+
+    with pytest.raises(DoctorError, match=message):
+        absorb_passthrough(extra, own)
+
+
+@pytest.mark.parametrize("v1_already", [False, True])
+def test_the_h200_command_lines_are_valid(
+    v1_already: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from vllm_offload_doctor.compare.cli import compare
+
+    if v1_already:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    else:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    args = (
+        "--model /tmp/big --served-model-name big --offload-gb 32 --verify-fix --max-tokens 8 "
+        f"--repeats 1 --warmup 0 --out {tmp_path / 'DIR'} --dry-run -- --load-format dummy "
+        "--enforce-eager --max-model-len 2048 --attention-backend TRITON_ATTN"
+    ).split()
+    result = CliRunner().invoke(compare, args, standalone_mode=False)
+    assert result.exception is None, result.output
+    serve = [ln for ln in result.output.splitlines() if "vllm serve" in ln]
+    assert len(serve) == (2 if v1_already else 3)
+    for line in serve:
+        assert line.count("--max-model-len 2048") == 1 and "--served-model-name big" in line
+        assert line.endswith("--load-format dummy --enforce-eager --attention-backend TRITON_ATTN")
+    assert serve[-1].startswith("VLLM_USE_V2_MODEL_RUNNER=0 vllm serve") is not v1_already
+    assert not (tmp_path / "DIR").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -18,6 +19,24 @@ FAKE = Path(__file__).resolve().parent / "fake-vllm"
 PREFIX = re.compile(r"^\((APIServer|EngineCore|Worker_TP\d) pid=(\d+)\) ")
 
 
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap_servers() -> object:
+    """Whatever a test asserted, no fake server outlives it and every Popen is waited for (a
+    Popen dropped while running warns in whichever later test the garbage collector runs)."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -25,7 +44,7 @@ def free_port() -> int:
 
 
 def start(
-    tmp_path: Path, scenario: str, offload: str, *extra: str
+    tmp_path: Path, scenario: str, offload: str, *extra: str, **env: str
 ) -> tuple[subprocess.Popen[bytes], int, Path]:
     port = free_port()
     log = tmp_path / f"{scenario}-{offload}.log"
@@ -52,12 +71,13 @@ def start(
             stdout=f,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=dict(os.environ, FAKE_VLLM_SCENARIO=scenario),
+            env=dict(os.environ, FAKE_VLLM_SCENARIO=scenario, **env),
         )
+    STARTED.append(proc)
     return proc, port, log
 
 
-def wait_ready(port: int, proc: subprocess.Popen[bytes], limit: float = 10) -> float:
+def wait_ready(port: int, proc: subprocess.Popen[bytes], limit: float = 60) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
         assert proc.poll() is None, "fake exited"
@@ -73,7 +93,7 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], limit: float = 10) -> f
 def stop(proc: subprocess.Popen[bytes]) -> list[int]:
     tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=10) == 0
+    assert proc.wait(timeout=30) == 0
     _gone, alive = psutil.wait_procs(
         [psutil.Process(p) for p in tree if psutil.pid_exists(p)], timeout=5
     )
@@ -85,7 +105,7 @@ def stop(proc: subprocess.Popen[bytes]) -> list[int]:
 def test_effective_offload_real_format_and_endpoints(tmp_path: Path) -> None:
     proc, port, log = start(tmp_path, "effective", "0.5")
     try:
-        assert wait_ready(port, proc) < 3
+        wait_ready(port, proc)
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "S"
         assert httpx.get(f"{base}/version").json() == {"version": "0.25.1"}
@@ -155,7 +175,7 @@ def test_failing_scenarios_only_hit_the_offload_mode(
     finally:
         stop(proc)
     proc, _port, log = start(tmp_path, scenario, "0.5")
-    assert proc.wait(timeout=10) == 1
+    assert proc.wait(timeout=60) == 1
     text = log.read_text()
     assert needle in text
     if scenario == "oom-load":
@@ -177,3 +197,57 @@ def test_real_bind_failure(tmp_path: Path) -> None:
         assert "[Errno 98] Address already in use" in (tmp_path / "second.log").read_text()
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize(
+    ("offload", "env", "needle"),
+    [
+        ("0", {}, "torch.OutOfMemoryError: CUDA out of memory."),
+        ("0.7", {}, "(0.7 GiB KV cache is needed, which is larger than the available KV cache"),
+        ("0.6", {}, "ValueError: No available memory for the cache blocks."),
+        ("1", {"FAKE_VLLM_SCENARIO": "needs-offload-ignored"}, "Using V2 Model Runner"),
+    ],
+)
+def test_needs_offload_fails_below_the_minimum(
+    tmp_path: Path, offload: str, env: dict[str, str], needle: str
+) -> None:
+    scenario = env.pop("FAKE_VLLM_SCENARIO", "needs-offload")
+    proc, _port, log = start(tmp_path, scenario, offload, FAKE_VLLM_MIN_OFFLOAD_GB="1.31", **env)
+    assert proc.wait(timeout=60) == 1
+    text = log.read_text()
+    assert needle in text
+    assert "Engine core initialization failed" in text
+    honoured = scenario == "needs-offload" and offload != "0"
+    assert ("Offloader set to UVAOffloader" in text) == honoured
+
+
+def test_needs_offload_serves_at_the_minimum_and_v1_runner_honours_it(tmp_path: Path) -> None:
+    for scenario, env in (
+        ("needs-offload", {}),
+        ("needs-offload-ignored", {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+    ):
+        proc, port, log = start(tmp_path, scenario, "1", FAKE_VLLM_MIN_OFFLOAD_GB="1", **env)
+        try:
+            wait_ready(port, proc)
+        finally:
+            assert stop(proc) == []
+        text = log.read_text()
+        assert "Total CPU offloaded parameters: 1.02" in text
+        assert "V2 Model Runner" not in text
+
+
+def test_api_key_guards_v1_and_is_echoed_like_vllm(tmp_path: Path) -> None:
+    key = "sk-echoedkey0123456789abcdef"
+    proc, port, log = start(tmp_path, "effective", "0", "--api-key", key, "--enforce-eager")
+    try:
+        wait_ready(port, proc)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        auth = {"authorization": f"Bearer {key}"}
+        assert httpx.get(f"{base}/v1/models", headers=auth).status_code == 200
+        assert httpx.get(f"{base}/version").status_code == 200  # open, as in vLLM
+    finally:
+        assert stop(proc) == []
+    text = log.read_text()
+    assert f"'api_key': ['{key}']" in text
+    assert "'unknown_flag': 'x', 'enforce_eager': True" in text

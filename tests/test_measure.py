@@ -147,9 +147,12 @@ def test_host_rss_of_own_process() -> None:
 
 def test_gpu_snapshot_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoNvml:
+        class NVMLError(Exception):
+            pass
+
         @staticmethod
         def nvmlInit() -> None:
-            raise RuntimeError("NVML Shared Library Not Found")
+            raise NoNvml.NVMLError("NVML Shared Library Not Found")
 
     monkeypatch.setitem(__import__("sys").modules, "pynvml", NoNvml)
     snap = measure.gpu_snapshot([os.getpid()])
@@ -158,7 +161,7 @@ def test_gpu_snapshot_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_gpu_snapshot_with_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     class Mem:
-        used, total = 132_279 * 2**20, 143_771 * 2**20
+        used, total, free = 132_279 * 2**20, 143_771 * 2**20, 11_492 * 2**20
 
     class Proc:
         def __init__(self, pid: int, used: int) -> None:
@@ -167,7 +170,14 @@ def test_gpu_snapshot_with_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     me = os.getpid()
 
     class FakeNvml:
+        class NVMLError(Exception):
+            pass
+
         nvmlInit = nvmlShutdown = staticmethod(lambda: None)
+        nvmlSystemGetDriverVersion = staticmethod(lambda: "580.159.04")
+        nvmlSystemGetCudaDriverVersion = staticmethod(lambda: 13000)
+        nvmlDeviceGetCudaComputeCapability = staticmethod(lambda h: (9, 0))
+        nvmlDeviceGetMigMode = staticmethod(lambda h: (0, 0))
         nvmlDeviceGetCount = staticmethod(lambda: 2)
         nvmlDeviceGetHandleByIndex = staticmethod(lambda i: i)
         nvmlDeviceGetName = staticmethod(lambda h: b"NVIDIA H200")
@@ -188,3 +198,29 @@ def test_gpu_snapshot_with_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert d0["other_processes"] == 1 and d0["tree_processes"][0]["pid"] == me
     assert d0["pcie"]["bandwidth_gbs"] == pytest.approx(63.0, rel=0.01)
     assert snap["devices"][1]["tree_processes"] == []
+
+
+def test_gpu_snapshot_survives_a_broken_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken:
+        @staticmethod
+        def nvmlInit() -> None:
+            raise RuntimeError("no NVMLError class either")
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", Broken)
+    snap = measure.gpu_snapshot([os.getpid()])
+    assert snap["available"] is False and "NVML unavailable" in snap["reason"]
+
+
+def test_gpu_snapshot_reads_nvml_through_the_check_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm_offload_doctor import probes
+
+    calls = []
+
+    def reader() -> probes.NvmlInfo:
+        calls.append(1)
+        return probes.NvmlInfo(driver_version="580", gpus=())
+
+    monkeypatch.setattr(measure, "read_nvml", reader)
+    assert measure.gpu_snapshot([1])["available"] is True and calls == [1]

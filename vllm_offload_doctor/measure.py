@@ -15,9 +15,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllm_offload_doctor.pcie import pcie_bandwidth_gbs
-from vllm_offload_doctor.probes import used_memory
+from vllm_offload_doctor.probes import GpuInfo, NvmlInfo, read_nvml
 
 MIB = 1024 * 1024
+UNAUTHORIZED = (
+    "the server wants an API key (give it with `-- --api-key KEY` or VLLM_API_KEY) "
+    "or rejected the one sent"
+)
 
 
 # ---------------------------------------------------------------------------- host RSS
@@ -53,48 +57,47 @@ def process_names(pids: list[int]) -> dict[int, str]:
 # ---------------------------------------------------------------------------- NVML
 
 
-def gpu_snapshot(pids: list[int]) -> dict[str, Any]:
-    """Per device: memory used/total, the tree's processes on it, PCIe link. Never raises."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        return {"available": False, "reason": f"pynvml not importable: {exc}", "devices": []}
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return {"available": False, "reason": f"NVML unavailable: {exc}", "devices": []}
+def gpu_snapshot(pids: list[int], info: NvmlInfo | None = None) -> dict[str, Any]:
+    """Per device: memory used/total, the tree's processes on it, PCIe link. Never raises.
+
+    NVML is read by `probes.read_nvml`, the same reader `check` uses.
+    """
+    if info is None:
+        try:
+            info = read_nvml()
+        except Exception as exc:  # a broken pynvml must not end a measured run
+            return {"available": False, "reason": f"NVML unavailable: {exc}", "devices": []}
+    if info.error:
+        return {"available": False, "reason": info.error, "devices": []}
     tree = set(pids)
     names = process_names(pids)
     devices = []
     seen_any_process = False
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            dev: dict[str, Any] = {"index": i, "name": _s(_try(pynvml.nvmlDeviceGetName, h))}
-            mem = _try(pynvml.nvmlDeviceGetMemoryInfo, h)
-            dev["used_mib"] = round(mem.used / MIB) if mem is not None else None
-            dev["total_mib"] = round(mem.total / MIB) if mem is not None else None
-            procs = _try(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
-            mine = []
-            for p in procs:
-                seen_any_process = True
-                if p.pid in tree:
-                    used = used_memory(p)
-                    mine.append({
+    for g in info.gpus:
+        mine: list[dict[str, Any]] = []
+        for p in g.processes:
+            seen_any_process = True
+            if p.pid in tree:
+                mine.append(
+                    {
                         "pid": p.pid,
-                        "name": names.get(p.pid),
-                        "used_mib": round(used / MIB) if used is not None else None,
-                    })
-            dev["tree_processes"] = mine
-            known = [m["used_mib"] for m in mine if m["used_mib"] is not None]
-            dev["tree_used_mib"] = sum(known) if known else (0 if not mine else None)
-            dev["other_processes"] = len(procs) - len(mine)
-            dev["pcie"] = _pcie(pynvml, h)
-            devices.append(dev)
-    except Exception as exc:
-        return {"available": False, "reason": f"NVML query failed: {exc}", "devices": devices}
-    finally:
-        _try(pynvml.nvmlShutdown)
+                        "name": names.get(p.pid) or p.name,
+                        "used_mib": round(p.used_bytes / MIB) if p.used_bytes is not None else None,
+                    }
+                )
+        known = [m["used_mib"] for m in mine if m["used_mib"] is not None]
+        devices.append(
+            {
+                "index": g.index,
+                "name": g.name,
+                "used_mib": round(g.memory_used / MIB) if g.memory_used is not None else None,
+                "total_mib": round(g.memory_total / MIB) if g.memory_total is not None else None,
+                "tree_processes": mine,
+                "tree_used_mib": sum(known) if known else (0 if not mine else None),
+                "other_processes": len(g.processes) - len(mine),
+                "pcie": _pcie(g),
+            }
+        )
     used_by_tree = [d for d in devices if d["tree_processes"]]
     note = None
     if devices and seen_any_process and not used_by_tree:
@@ -110,11 +113,8 @@ def gpu_snapshot(pids: list[int]) -> dict[str, Any]:
     }
 
 
-def _pcie(pynvml: Any, h: Any) -> dict[str, Any]:
-    cur_gen = _try(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
-    cur_w = _try(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
-    max_gen = _try(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h)
-    max_w = _try(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)
+def _pcie(g: GpuInfo) -> dict[str, Any]:
+    cur_gen, cur_w, max_gen, max_w = g.pcie_gen, g.pcie_width, g.pcie_gen_max, g.pcie_width_max
     # Idle GPUs drop to a lower link generation; the bound uses the link's maximum.
     bw = pcie_bandwidth_gbs(max_gen, max_w) if max_gen and max_w else None
     cur_bw = pcie_bandwidth_gbs(cur_gen, cur_w) if cur_gen and cur_w else None
@@ -126,19 +126,6 @@ def _pcie(pynvml: Any, h: Any) -> dict[str, Any]:
         "bandwidth_gbs": bw,
         "current_bandwidth_gbs": cur_bw,
     }
-
-
-def _try(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception:
-        return None
-
-
-def _s(v: Any) -> str | None:
-    if isinstance(v, bytes):
-        return v.decode(errors="replace")
-    return v if isinstance(v, str) else None
 
 
 # ---------------------------------------------------------------------------- /metrics
@@ -203,12 +190,14 @@ def _float(v: str | None) -> float | None:
         return None
 
 
-def fetch_info(base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+def fetch_info(
+    base_url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """GET /version and /metrics; errors are recorded, not raised."""
     import httpx
 
     out: dict[str, Any] = {"version": None, "metrics": None, "errors": []}
-    with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+    with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers or {}) as c:
         try:
             r = c.get(f"{base_url}/version")
             out["version"] = r.json().get("version") if r.status_code == 200 else None
@@ -279,6 +268,9 @@ def chat_request(
         return RequestResult(False, None, time.perf_counter() - t0, error=err)
     latency = time.perf_counter() - t0
     res = RequestResult(False, r.status_code, latency)
+    if r.status_code == 401:
+        res.error = f"HTTP 401: {UNAUTHORIZED}"
+        return res
     try:
         data = r.json()
     except ValueError:

@@ -69,6 +69,7 @@ class GpuInfo:
     pcie_width: int | None = None
     pcie_gen_max: int | None = None
     pcie_width_max: int | None = None
+    memory_used: int | None = None  # NVML's own figure (compare reports it per device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +344,7 @@ def _read_gpu(nvml: Any, index: int, handle: Any) -> GpuInfo:
         pcie_width=_optional(nvml, nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
         pcie_gen_max=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
         pcie_width_max=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
+        memory_used=int(mem.used) if mem else None,
     )
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -32,6 +34,7 @@ from vllm_offload_doctor.ports import probe_port
 
 RUN_TAG = "OFFLOAD_DOCTOR_RUN"
 POLL_S = 0.25
+GUARD = str(Path(__file__).with_name("guard.py"))
 
 
 class Terminated(KeyboardInterrupt):
@@ -46,6 +49,7 @@ class StartResult:
     returncode: int | None = None
     timed_out: bool = False
     reason: str = ""
+    unauthorized: bool = False  # /v1 answered 401: the server wants an API key we lack
 
 
 @dataclass(slots=True)
@@ -90,6 +94,8 @@ class ServerProcess:
         grace_s: float = 10.0,
         term_s: float = 5.0,
         port_wait_s: float = 15.0,
+        api_key: str | None = None,
+        guard: bool = True,
     ) -> None:
         self.argv = argv
         self.log_path = log_path
@@ -102,6 +108,9 @@ class ServerProcess:
         self.grace_s = grace_s
         self.term_s = term_s
         self.port_wait_s = port_wait_s
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.sent_key = bool(api_key)
+        self.guard = guard and sys.platform.startswith("linux")
         self.proc: subprocess.Popen[bytes] | None = None
         self.tree: dict[int, TreeProc] = {}
         self.started_at: float | None = None
@@ -111,12 +120,18 @@ class ServerProcess:
     # ------------------------------------------------------------------ start / readiness
 
     def start(self) -> None:
+        exe = self.argv[0]
+        if not (shutil.which(exe) if os.sep not in exe else os.access(exe, os.X_OK)):
+            raise FileNotFoundError(2, "not found or not executable", exe)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.started_at = time.monotonic()
+        argv = self.argv
+        if self.guard:  # the server dies with us, even on SIGKILL (see guard.py)
+            argv = [sys.executable, "-I", "-S", GUARD, str(os.getpid()), "--", *argv]
         try:
             self.proc = subprocess.Popen(
-                self.argv,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
@@ -131,7 +146,14 @@ class ServerProcess:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        """The server's pid (the guard's child when guarded)."""
+        if self.proc is None:
+            return None
+        if self.guard:
+            self.record_tree()
+            kids = [t.pid for t in self.tree.values() if t.pid != self.proc.pid]
+            return min(kids, key=lambda p: self.tree[p].create_time) if kids else None
+        return self.proc.pid
 
     def elapsed(self) -> float:
         return 0.0 if self.started_at is None else time.monotonic() - self.started_at
@@ -153,7 +175,9 @@ class ServerProcess:
         assert self.proc is not None, "start() first"
         deadline = (self.started_at or time.monotonic()) + timeout_s
         url = self.base_url()
-        with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0), trust_env=False) as client:
+        with httpx.Client(
+            timeout=httpx.Timeout(2.0, connect=1.0), trust_env=False, headers=self.headers
+        ) as client:
             while True:
                 self.record_tree()
                 rc = self.proc.poll()
@@ -164,7 +188,15 @@ class ServerProcess:
                         False, self.elapsed(), exited=True, returncode=rc,
                         reason=f"the server exited with status {rc} before it was ready",
                     )
-                if self._ready(client, url):
+                ready = self._ready(client, url)
+                if ready == 401:
+                    why = "rejected the API key sent" if self.sent_key else "wants an API key"
+                    return StartResult(
+                        False, self.elapsed(), unauthorized=True,
+                        reason=f"401: the server {why} (give it with `-- --api-key KEY` "
+                        "or VLLM_API_KEY)",
+                    )
+                if ready is True:
                     return StartResult(True, self.elapsed())
                 if time.monotonic() >= deadline:
                     return StartResult(
@@ -173,13 +205,16 @@ class ServerProcess:
                     )
                 time.sleep(POLL_S)
 
-    def _ready(self, client: Any, url: str) -> bool:
+    def _ready(self, client: Any, url: str) -> bool | int:
+        """True when ready; 401 when the server refuses us for lack of a valid API key."""
         import httpx
 
         try:
             if client.get(f"{url}/health").status_code != 200:
                 return False
             resp = client.get(f"{url}/v1/models")
+            if resp.status_code == 401:
+                return 401
             if resp.status_code != 200:
                 return False
             ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
@@ -210,6 +245,9 @@ class ServerProcess:
 
     def live_tree(self) -> list[int]:
         """Pids of the server tree alive now (recorded ones plus current descendants)."""
+        return [p for p in self._live() if not (self.guard and self.proc and p == self.proc.pid)]
+
+    def _live(self) -> list[int]:
         import psutil
 
         self.record_tree()
@@ -276,7 +314,7 @@ class ServerProcess:
             res.returncode = self.proc.wait()
         # Sweep: recorded descendants that left the group, and anything carrying our tag.
         leftovers: dict[int, Any] = {}
-        for pid in self.live_tree():
+        for pid in self._live():
             with contextlib.suppress(psutil.Error):
                 leftovers[pid] = psutil.Process(pid)
         for p in self._tagged():

@@ -1,0 +1,387 @@
+"""End-to-end against tests/fake-vllm: models that need offload, --verify-fix, API keys, secrets,
+the run folder, and a doctor killed with SIGKILL."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from test_compare_e2e import (
+    _argv,
+    _env,
+    _is_engine,
+    _offload_mode_started,
+    free_port,
+    kill_marked,
+    marked,
+    mode,
+    run_compare,
+)
+
+pytest.importorskip("vllm_offload_doctor.analyze")
+
+
+# ---------------------------------------------------------------------------- needs offload
+
+
+def test_baseline_oom_then_offload_makes_it_fit(tmp_path: Path) -> None:
+    proc, report = run_compare(tmp_path, "needs-offload", "--offload-gb", "1")
+    assert proc.returncode == 0, proc.stderr
+    base, off = mode(report, "0"), mode(report, "1")
+    assert base["status"] == "exited" and base["analysis"]["category"] == "oom_weights"
+    assert off["status"] == "ok" and off["log_facts"]["offloaded_gib"] == pytest.approx(1.02)
+    v = report["verdict"]
+    assert v["status"] == "effective" and v["title"] == "offload 1 GiB makes the model fit"
+    assert "Without offload the model does not load" in v["summary"]
+    assert "ms per output token" in v["summary"]
+    assert "the model needs offload; running the offload mode" in proc.stderr
+    assert not any("nvidia-smi" in n for n in v["notes"])  # one mode served: nothing compared
+
+
+def test_not_enough_offload_estimates_what_is_needed(tmp_path: Path) -> None:
+    proc, report = run_compare(
+        tmp_path, "needs-offload", "--offload-gb", "0.5", FAKE_VLLM_MIN_OFFLOAD_GB="1"
+    )
+    assert proc.returncode == 1, proc.stderr
+    c = report["comparisons"][0]
+    assert c["status"] == "failed" and c["title"] == "not enough offload"
+    # 0.51 GiB offloaded leaves 0.21 of the 0.7 GiB one request needs: 0.49 short
+    assert c["needed_gib"] == pytest.approx(0.99)
+    assert "Try --offload-gb 1." in c["summary"]
+    assert mode(report, "0.5")["log_facts"]["oom"]["kv_needed_gib"] == 0.7
+
+
+def test_offload_ignored_when_the_model_needs_it(tmp_path: Path) -> None:
+    proc, report = run_compare(tmp_path, "needs-offload-ignored", "--offload-gb", "1")
+    assert proc.returncode == 1, proc.stderr
+    v = report["verdict"]
+    assert v["status"] == "ignored", v
+    assert "and its log has no offloader line" in v["summary"]
+    assert "Model Runner V2" in v["summary"]
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in v["remedy"] and "0.25.1" in v["remedy"]
+    assert [m["label"] for m in report["modes"]] == ["0", "1"]
+
+
+def test_verify_fix_runs_the_escape_hatch_as_a_third_column(tmp_path: Path) -> None:
+    # The lead's H200 command line, against the fake (min offload 27 like the section-6 model).
+    proc, report = run_compare(
+        tmp_path,
+        "needs-offload-ignored",
+        "--model",
+        "big-model",
+        "--served-model-name",
+        "big",
+        "--offload-gb",
+        "32",
+        "--verify-fix",
+        "--max-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--",
+        "--load-format",
+        "dummy",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--attention-backend",
+        "TRITON_ATTN",
+        FAKE_VLLM_MIN_OFFLOAD_GB="27",
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert [m["label"] for m in report["modes"]] == ["0", "32", "32-fix"]
+    fix = mode(report, "32-fix")
+    assert fix["role"] == "verify_fix" and fix["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert fix["status"] == "ok" and fix["log_facts"]["model_runner"] == "v1"
+    c = report["comparisons"][0]
+    assert c["status"] == "ignored" and c["fix_verified"] is True
+    assert "Verified: with VLLM_USE_V2_MODEL_RUNNER=0" in report["verdict"]["summary"]
+    assert report["config"]["max_model_len"] == 2048
+    assert mode(report, "0")["command"].count("--max-model-len") == 1
+    assert "offload 32 GiB + VLLM_USE_V2_MODEL_RUNNER=0" in proc.stdout  # the third column
+    assert "too few" in proc.stdout  # --repeats 1
+
+
+def test_verify_fix_with_the_fix_already_set_is_effective(tmp_path: Path) -> None:
+    proc, report = run_compare(
+        tmp_path,
+        "needs-offload-ignored",
+        "--offload-gb",
+        "1",
+        "--verify-fix",
+        VLLM_USE_V2_MODEL_RUNNER="0",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert report["verdict"]["status"] == "effective"
+    assert mode(report, "0")["status"] == "exited"
+    assert any("already set" in n for n in report["verdict"]["notes"])
+    assert [m["label"] for m in report["modes"]] == ["0", "1"]
+
+
+def test_a_baseline_failure_offload_cannot_change_stops_early(tmp_path: Path) -> None:
+    proc, report = run_compare(tmp_path, "needs-offload", "--", "--no-such-flag")
+    assert proc.returncode == 1
+    assert [m["label"] for m in report["modes"]] == ["0"]
+    assert mode(report, "0")["analysis"]["category"] == "bad_args"
+    assert report["verdict"]["status"] == "failed"
+    assert "offload cannot change that" in proc.stderr
+
+
+def test_several_offload_values_each_on_its_own_line(tmp_path: Path) -> None:
+    proc, report = run_compare(
+        tmp_path, "needs-offload", "--offload-gb", "0.5", "--cpu-offload-gb", "1"
+    )
+    assert proc.returncode == 1, proc.stderr  # the worst value is the verdict
+    v = report["verdict"]
+    assert v["per_offload"] == {"0.5": "failed", "1.0": "effective"}
+    lines = v["summary"].splitlines()
+    assert lines[0].startswith("[offload 0.5 GiB: failed]")
+    assert lines[1].startswith("[offload 1 GiB: effective]")
+
+
+# ---------------------------------------------------------------------------- API keys, secrets
+
+SECRETS = {
+    "api_key": "sk-plantedapikey0123456789abcdef",
+    "hf_token": "hf_PlantedHfToken0123456789abcdefXYZ",
+    "url_password": "Pl4ntedUrlPassw0rd",
+    "env_token": "hf_PlantedEnvToken0123456789abcdefXY",
+}
+
+
+def test_planted_secrets_never_reach_an_artifact(tmp_path: Path) -> None:
+    proc, report = run_compare(
+        tmp_path,
+        "effective",
+        "--format",
+        "json",
+        "--",
+        "--api-key",
+        SECRETS["api_key"],
+        "--hf-token",
+        SECRETS["hf_token"],
+        HF_ENDPOINT=f"https://mirror-user:{SECRETS['url_password']}@mirror.example/hf",
+        HF_TOKEN=SECRETS["env_token"],
+    )
+    assert proc.returncode == 0, proc.stderr  # the key was sent as Authorization: Bearer
+    out = tmp_path / "run"
+    names = sorted(p.name for p in out.iterdir())
+    assert {"report.json", "report.md", "commands.txt", "mode-0.log", "mode-0.5.log"} <= set(names)
+    # The server really logged them (as vLLM does): the saved copies must not.
+    assert "api_key" in (out / "mode-0.log").read_text()
+    texts = {p.name: p.read_text(errors="replace") for p in out.iterdir() if p.is_file()}
+    texts["stdout"], texts["stderr"] = proc.stdout, proc.stderr
+    from vllm_offload_doctor.compare.model import CompareReport
+    from vllm_offload_doctor.compare.render import render_markdown, render_text
+
+    typed = CompareReport.from_dict(report)
+    texts["text"], texts["markdown"] = render_text(typed, str(out)), render_markdown(typed)
+    leaks = [(name, s) for name, text in texts.items() for s in SECRETS.values() if s in text]
+    assert leaks == []
+    assert "mirror.example" in texts["commands.txt"]  # the value is kept, only the password masked
+
+
+def test_api_key_from_the_environment_is_sent(tmp_path: Path) -> None:
+    proc, report = run_compare(tmp_path, "effective", VLLM_API_KEY=SECRETS["api_key"])
+    assert proc.returncode == 0, proc.stderr
+    assert mode(report, "0.5")["latency"]["ok"] == 2
+    assert "Bearer ***" in (tmp_path / "run" / "commands.txt").read_text()
+
+
+def test_unknown_api_key_is_a_401_not_a_timeout(tmp_path: Path) -> None:
+    proc, report = run_compare(
+        tmp_path, "effective", "--timeout", "300", FAKE_VLLM_API_KEY="sk-nobodyknowsthis0123456789"
+    )
+    assert proc.returncode == 1
+    base = mode(report, "0")
+    assert base["status"] == "unauthorized"  # it stopped at the 401, not at --timeout
+    assert base["reason"].startswith("401: the server wants an API key")
+    assert "401: the server wants an API key" in report["verdict"]["summary"]
+    assert "--timeout" not in report["verdict"]["summary"]
+
+
+# ---------------------------------------------------------------------------- the run folder
+
+
+def test_out_holding_a_report_is_refused_then_forced_clean(tmp_path: Path) -> None:
+    proc, _ = run_compare(tmp_path, "effective", "--offload-gb", "0.5", "--offload-gb", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "run"
+    assert (out / "mode-1.log").exists()
+    marker = uuid.uuid4().hex
+    again = subprocess.run(
+        _argv(out, free_port()),
+        env=_env("effective", marker),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert kill_marked(marker) == []
+    assert again.returncode == 2 and "holds the report of an earlier run" in again.stderr
+    assert "Traceback" not in again.stderr
+    proc, report = run_compare(tmp_path, "effective", "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "mode-1.log").exists()  # nothing stale from the first run
+    assert [m["label"] for m in report["modes"]] == ["0", "0.5"]
+
+
+def test_out_in_use_by_another_run_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / ".offload-doctor.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("424242\n")
+        lock.flush()
+        proc = subprocess.run(
+            _argv(out, free_port()),
+            env=_env("effective", uuid.uuid4().hex),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 2
+    assert "in use by another offload-doctor run (pid 424242)" in proc.stderr
+    assert not (out / "report.json").exists()
+
+
+def test_default_out_folders_are_unique_within_a_second() -> None:
+    from vllm_offload_doctor.compare.artifacts import default_out_dir
+
+    assert len({default_out_dir() for _ in range(50)}) == 50
+
+
+def test_unwritable_out_is_a_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = subprocess.run(
+        _argv(blocker / "run", free_port()),
+        env=_env("effective", uuid.uuid4().hex),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("offload-doctor: error: cannot use --out")
+
+
+def test_full_disk_mid_run_keeps_partial_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write failing after the baseline (ENOSPC) is a WriteError (exit 2); what was written
+    stays and no server is left running."""
+    import errno
+
+    from test_compare_e2e import FAKE
+
+    from vllm_offload_doctor.compare import artifacts as art
+    from vllm_offload_doctor.compare.config import CompareConfig
+    from vllm_offload_doctor.compare.run import CompareRun
+
+    marker = uuid.uuid4().hex
+    for k, v in _env("effective", marker).items():
+        monkeypatch.setenv(k, v)
+    real = art.atomic_write
+    state = {"baseline_done": False}
+
+    def flaky(path: Path, text: str) -> None:
+        if state["baseline_done"] and path.name == "report.md":
+            raise art.WriteError(f"cannot write {path}: {os.strerror(errno.ENOSPC)}")
+        real(path, text)
+        if path.name == "report.json" and '"status": "ok"' in text:
+            state["baseline_done"] = True
+
+    monkeypatch.setattr(art, "atomic_write", flaky)
+    cfg = CompareConfig(
+        vllm_cmd=[str(FAKE)],
+        port=free_port(),
+        repeats=1,
+        warmup=0,
+        grace_s=3,
+        out_dir=tmp_path / "run",
+    )
+    run = CompareRun(cfg)
+    try:
+        with pytest.raises(art.WriteError, match="No space left on device"):
+            run.execute()
+    finally:
+        left = kill_marked(marker)
+    assert left == []
+    saved = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert mode(saved, "0")["status"] == "ok"
+    assert run.report.error and "No space left" in run.report.error
+
+
+# ---------------------------------------------------------------------------- SIGKILL
+
+
+def test_sigkill_of_the_doctor_takes_the_server_down(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        _argv(out, free_port(), "--timeout", "120"),
+        env=_env("hang", marker),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if _offload_mode_started(out) and any(_is_engine(p) for p in marked(marker)):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the offload-mode server never started")
+        server_pid = mode(json.loads((out / "report.json").read_text()), "0.5")["pid"]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        gone_by = time.monotonic() + 10  # "a few seconds": the guard's SIGTERM, then SIGKILL
+        while time.monotonic() < gone_by and marked(marker):
+            time.sleep(0.1)
+        survivors = [p.pid for p in marked(marker)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        left = kill_marked(marker)
+    assert survivors == [], f"server tree outlived the doctor: {survivors}"
+    assert left == []
+    assert not os.path.exists(f"/proc/{server_pid}") or _zombie(server_pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+if sys.platform != "linux":  # pragma: no cover - the guard's death signal is Linux-only
+    pytestmark = pytest.mark.skip("Linux only")
+
+
+def test_raw_logs_of_a_killed_run_are_swept(tmp_path: Path) -> None:
+    from vllm_offload_doctor.compare.artifacts import RAW_PREFIX, sweep_raw_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{RAW_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{RAW_PREFIX}{os.getpid()}-def"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "mode-0.log").write_text(f"api_key {SECRETS['api_key']}\n")
+    sweep_raw_dirs(tmp_path)
+    assert not stale.exists() and live.exists()

@@ -1,0 +1,200 @@
+"""The run folder: its lock, the exact commands, scrubbed logs and the report files.
+
+Every run gets a folder of its own; a folder another run is using (its lock is held) or that
+holds an earlier run's report is refused (`--force` clears our own known artifacts first).
+Everything written here passes through `scrub` so no secret reaches a saved file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO
+
+from vllm_offload_doctor.compare.config import CompareConfig, fmt_gb
+from vllm_offload_doctor.errors import DoctorError
+from vllm_offload_doctor.redact import is_secret_name, redact, redact_argv
+
+ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "PYTORCH_", "TORCH_", "HF_", "NVIDIA_", "TRANSFORMERS_")
+LOCK_NAME = ".offload-doctor.lock"
+KNOWN_FILES = ("report.json", "report.md", "commands.txt")
+KNOWN_GLOBS = ("mode-*.log", ".report.json.tmp-*", ".report.md.tmp-*", ".commands.txt.tmp-*")
+_URL_USERINFO = re.compile(
+    r"(\b[a-zA-Z][a-zA-Z0-9+.-]{0,20}://)[^/\s@:'\"]{1,256}:[^/\s@'\"]{1,256}@"
+)
+_LISTED_SECRET = re.compile(
+    r"""(['"](?:api_key|hf_token|token|password|secret)['"]\s*:\s*\[)[^\]]{0,4096}\]""",
+    re.IGNORECASE,
+)
+
+
+def scrub(text: str) -> str:
+    """Mask secrets in text bound for a saved file or a report (one place to swap the engine)."""
+    text = _LISTED_SECRET.sub(r"\1'***']", text)
+    return redact(_URL_USERINFO.sub(r"\1***:***@", text))
+
+
+def scrub_argv(argv: list[str]) -> list[str]:
+    return [scrub(a) for a in redact_argv(argv)]
+
+
+def relevant_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if env is None else env)
+    out = {}
+    for k in sorted(env):
+        if k.startswith(ENV_PREFIXES):
+            out[k] = "***" if is_secret_name(k) else scrub(env[k])
+    return out
+
+
+def commands_text(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) -> str:
+    lines = ["# offload-doctor compare: the exact commands (secrets redacted)", ""]
+    env = relevant_env()
+    if env:
+        lines.append("# environment passed unchanged to every mode:")
+        lines += [f"#   {k}={v}" for k, v in env.items()]
+        lines.append("")
+    for gb in cfg.modes():
+        lines.append(f"# offload {fmt_gb(gb)} GiB")
+        lines.append(shlex.join(scrub_argv(cfg.argv(gb))))
+    if fix_env:
+        assign = " ".join(f"{k}={v}" for k, v in fix_env.items())
+        lines.append(
+            "# --verify-fix, only if offload is ignored on vLLM 0.22-0.27.x: "
+            f"offload {fmt_gb(cfg.offload_gb[0])} GiB again"
+        )
+        lines.append(f"{assign} " + shlex.join(scrub_argv(cfg.argv(cfg.offload_gb[0]))))
+    body = json.dumps(cfg.request_body(), ensure_ascii=False)
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    auth = " -H 'authorization: Bearer ***'" if cfg.api_key() else ""
+    lines += [
+        "",
+        f"# request: {cfg.warmup} warm-up + {cfg.repeats} measured, identical in every mode",
+        f"curl -s http://{host}:{cfg.port}/v1/chat/completions "
+        f"-H 'content-type: application/json'{auth} -d {shlex.quote(body)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+class WriteError(DoctorError):
+    """The artifacts folder is not writable (read-only, full disk): one line, exit 2."""
+
+
+def default_out_dir(base: Path = Path("offload-doctor-runs")) -> Path:
+    """A folder no other run shares: the time to the second plus a random suffix."""
+    return base / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+@contextlib.contextmanager
+def claim(out: Path, *, force: bool) -> Iterator[None]:
+    """Hold the folder for this run (flock: released even if we are killed)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise WriteError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
+    lock: IO[str] = os.fdopen(fd, "r+")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = lock.read().strip() or "?"
+            raise DoctorError(
+                f"--out {out} is in use by another offload-doctor run (pid {holder}); "
+                "give each run its own --out"
+            ) from None
+        if (out / "report.json").exists():
+            if not force:
+                raise DoctorError(
+                    f"--out {out} holds the report of an earlier run; choose another --out, "
+                    "or --force to replace it"
+                )
+            clear_known(out)
+        try:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"{os.getpid()}\n")
+            lock.flush()
+        except OSError as exc:
+            raise WriteError(f"cannot write to --out {out}: {exc.strerror or exc}") from exc
+        yield
+    finally:
+        lock.close()
+
+
+def clear_known(out: Path) -> None:
+    """Remove the files an earlier run of ours left (nothing else in the folder)."""
+    paths = [out / n for n in KNOWN_FILES] + [p for g in KNOWN_GLOBS for p in out.glob(g)]
+    for p in paths:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as exc:
+            raise WriteError(f"cannot clear {p}: {exc.strerror or exc}") from exc
+
+
+def save_scrubbed_log(raw: Path, dest: Path, limit_line: int = 65536) -> None:
+    """Copy a server log line by line through `scrub` (bounded line length)."""
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    try:
+        with (
+            open(raw, encoding="utf-8", errors="replace") as src,
+            open(tmp, "w", encoding="utf-8") as out,
+        ):
+            for line in src:
+                out.write(scrub(line[:limit_line]) if len(line) > limit_line else scrub(line))
+        os.replace(tmp, dest)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise WriteError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+
+
+RAW_PREFIX = "offload-doctor-raw-"
+
+
+def raw_dir_prefix() -> str:
+    """The private folder of raw server logs carries our pid, so a later run can tell it is dead."""
+    return f"{RAW_PREFIX}{os.getpid()}-"
+
+
+def sweep_raw_dirs(tmp: Path) -> None:
+    """Remove raw (unscrubbed) log folders left by runs that were killed (SIGKILL, OOM killer)."""
+    import shutil
+
+    with contextlib.suppress(OSError):
+        for d in tmp.glob(RAW_PREFIX + "*-*"):
+            pid = d.name[len(RAW_PREFIX) :].split("-", 1)[0]
+            if not pid.isdigit() or d.is_symlink() or not d.is_dir():
+                continue
+            try:
+                if d.stat().st_uid != os.getuid():
+                    continue
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                continue

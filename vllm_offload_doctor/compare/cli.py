@@ -1,0 +1,241 @@
+"""`offload-doctor compare`: A/B run of `vllm serve` with offload 0 vs X.
+
+The report goes to stdout in the chosen --format, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import click
+
+from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
+
+
+@click.command(
+    "compare",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option(
+    "--model",
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="Model name or local path given to `vllm serve`.",
+)
+@click.option(
+    "--revision",
+    default=None,
+    help="Model revision. Default: the pinned reference revision for "
+    "Qwen/Qwen3-0.6B, none for any other model (e.g. a local path). "
+    "`--revision none` drops it.",
+)
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="Name the server exposes and the request uses (default: the model).",
+)
+@click.option(
+    "--offload-gb",
+    "--cpu-offload-gb",
+    "offload_gb",
+    type=float,
+    multiple=True,
+    help="Offload GiB per GPU to test (repeatable). Default 0.5.",
+)
+@click.option(
+    "--baseline-gb",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Offload GiB of the baseline mode.",
+)
+@click.option(
+    "--max-model-len",
+    type=int,
+    default=None,
+    help="Context length of every mode (default 2048; also accepted after `--`).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option(
+    "--repeats", type=int, default=5, show_default=True, help="Measured requests per mode."
+)
+@click.option(
+    "--warmup",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Unmeasured requests first (the first request compiles kernels).",
+)
+@click.option("--prompt", default=None, help="User message (default: the reference question).")
+@click.option(
+    "--expect",
+    multiple=True,
+    help="Accepted answer, case-insensitive substring (repeatable). Default for the "
+    "default prompt: Париж / Paris. A mismatch is reported, never a failure.",
+)
+@click.option("--max-tokens", type=int, default=32, show_default=True)
+@click.option(
+    "--stream/--no-stream",
+    default=False,
+    show_default=True,
+    help="Stream responses to measure time to first token and inter-token latency.",
+)
+@click.option(
+    "--vllm-cmd",
+    default="vllm",
+    show_default=True,
+    help="Command that starts the server (split like a shell would, no shell run).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds each mode may take to become ready (a failing load ends the mode at once).",
+)
+@click.option(
+    "--request-timeout", "request_timeout_s", type=float, default=300.0, show_default=True
+)
+@click.option(
+    "--grace",
+    "grace_s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait after SIGINT before SIGTERM/SIGKILL.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Artifacts folder (default ./offload-doctor-runs/<timestamp>-<random>). One run per "
+    "folder: a folder in use or holding an earlier report is refused.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Reuse an --out that holds an earlier report (its report, logs and commands are "
+    "deleted first).",
+)
+@click.option(
+    "--verify-fix",
+    is_flag=True,
+    help="If offload is ignored and vLLM has an escape hatch (0.22-0.27.x: "
+    "VLLM_USE_V2_MODEL_RUNNER=0), run the offload mode again with it and report whether it works.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "markdown"]),
+    default="text",
+    show_default=True,
+    help="Report format on stdout (progress goes to stderr).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the exact commands and request; run nothing.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def compare(
+    model: str,
+    revision: str | None,
+    served_model_name: str | None,
+    offload_gb: tuple[float, ...],
+    baseline_gb: float,
+    max_model_len: int | None,
+    host: str,
+    port: int,
+    repeats: int,
+    warmup: int,
+    prompt: str | None,
+    expect: tuple[str, ...],
+    max_tokens: int,
+    stream: bool,
+    vllm_cmd: str,
+    timeout_s: float,
+    request_timeout_s: float,
+    grace_s: float,
+    out_dir: str | None,
+    force: bool,
+    verify_fix: bool,
+    fmt: str,
+    dry_run: bool,
+    vllm_args: tuple[str, ...],
+) -> int:
+    """Run the same model with offload 0 and offload X, measure both, give the verdict.
+
+    \b
+    Everything after `--` goes unchanged to every `vllm serve`, e.g.
+      offload-doctor compare -- --tensor-parallel-size 2
+    (--max-model-len and --served-model-name there count as compare's own; an
+    --api-key there or VLLM_API_KEY is sent as `Authorization: Bearer`.)
+    The environment (e.g. VLLM_USE_V2_MODEL_RUNNER=0) passes through unchanged.
+
+    \b
+    A baseline that runs out of GPU memory is where offload is needed: the offload
+    mode(s) still run and the verdict says whether offload makes the model fit.
+
+    \b
+    Exit status: 0 offload took effect; 1 ignored, a mode failed or inconclusive;
+    2 usage or environment error; 130 interrupted (143 on SIGTERM).
+    """
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from vllm_offload_doctor import exitcodes
+    from vllm_offload_doctor.compare.artifacts import commands_text, default_out_dir
+    from vllm_offload_doctor.compare.config import (
+        DEFAULT_MAX_MODEL_LEN,
+        DEFAULT_PROMPT,
+        CompareConfig,
+        absorb_passthrough,
+    )
+    from vllm_offload_doctor.compare.render import RENDERERS
+    from vllm_offload_doctor.compare.run import CompareRun
+    from vllm_offload_doctor.server import Terminated, sigterm_as_interrupt
+
+    extra, own = absorb_passthrough(
+        list(vllm_args),
+        {"max_model_len": max_model_len, "served_model_name": served_model_name},
+    )
+    cfg = CompareConfig(
+        vllm_cmd=shlex.split(vllm_cmd),
+        model=model,
+        revision=revision,
+        served_model_name=str(own["served_model_name"]) if own["served_model_name"] else None,
+        offload_gb=list(offload_gb) or [0.5],
+        baseline_gb=baseline_gb,
+        max_model_len=int(own["max_model_len"] or DEFAULT_MAX_MODEL_LEN),
+        host=host,
+        port=port,
+        repeats=repeats,
+        warmup=warmup,
+        prompt=prompt if prompt is not None else DEFAULT_PROMPT,
+        expect=list(expect) if expect else None,
+        max_tokens=max_tokens,
+        stream=stream,
+        timeout_s=timeout_s,
+        request_timeout_s=request_timeout_s,
+        out_dir=Path(out_dir) if out_dir else default_out_dir(),
+        extra_args=extra,
+        grace_s=grace_s,
+        verify_fix=verify_fix,
+        force=force,
+    )
+    cfg.validate()
+    if dry_run:
+        click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
+        return exitcodes.OK
+    cfg.check_command()
+
+    run = CompareRun(cfg, progress=sys.stderr)
+    try:
+        with sigterm_as_interrupt():
+            status = run.execute()
+    except Terminated:
+        click.echo(f"offload-doctor: terminated; partial report in {cfg.out_dir}", err=True)
+        return 143
+    except KeyboardInterrupt:
+        click.echo(f"offload-doctor: interrupted; partial report in {cfg.out_dir}", err=True)
+        return exitcodes.INTERRUPTED
+    click.echo(RENDERERS[fmt](run.report, str(cfg.out_dir)), nl=False)
+    return status

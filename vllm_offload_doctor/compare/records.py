@@ -1,0 +1,368 @@
+"""Typed measurement records of one mode (GPU, host RSS, requests, latency, log facts).
+
+Each record's `to_dict()` writes the report.json schema 1 keys in their historical order and
+`from_dict()` reads them back; values are kept as read so a round trip is byte-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+Json = dict[str, Any]  # parsed report.json objects, read only inside from_dict()
+Scalar = str | int | float | bool | None
+
+
+def pack(obj: object, omit_none: Iterable[str] = ()) -> Json:
+    """Fields in declaration order; nested records, tuples and mappings converted."""
+    skip = set(omit_none)
+    out: Json = {}
+    for f in fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if value is None and f.name in skip:
+            continue
+        out[f.name] = _plain(value)
+    return out
+
+
+def _plain(value: object) -> object:
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _opt(d: Json, key: str) -> Any:
+    return d.get(key)
+
+
+@dataclass(frozen=True, slots=True)
+class Pcie:
+    current_gen: int | None
+    current_width: int | None
+    max_gen: int | None
+    max_width: int | None
+    bandwidth_gbs: float | None
+    current_bandwidth_gbs: float | None = None
+
+    def to_dict(self) -> Json:
+        return pack(self, ("current_bandwidth_gbs",))
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Pcie:
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProc:
+    pid: int
+    name: str | None
+    used_mib: int | None
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> GpuProc:
+        return cls(d["pid"], d.get("name"), d.get("used_mib"))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    index: int
+    name: str | None
+    used_mib: int | None
+    total_mib: int | None
+    tree_processes: tuple[GpuProc, ...]
+    tree_used_mib: int | None
+    other_processes: int
+    pcie: Pcie | None
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> GpuDevice:
+        pcie = d.get("pcie")
+        return cls(
+            index=d["index"],
+            name=d.get("name"),
+            used_mib=d.get("used_mib"),
+            total_mib=d.get("total_mib"),
+            tree_processes=tuple(GpuProc.from_dict(p) for p in d.get("tree_processes") or []),
+            tree_used_mib=d.get("tree_used_mib"),
+            other_processes=d.get("other_processes", 0),
+            pcie=Pcie.from_dict(pcie) if isinstance(pcie, dict) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    available: bool
+    reason: str | None
+    devices: tuple[GpuDevice, ...]
+    tree_used_mib: int | None = None
+    has_tree_total: bool = True  # the key is written only when NVML answered
+
+    def to_dict(self) -> Json:
+        out: Json = {
+            "available": self.available,
+            "reason": self.reason,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+        if self.has_tree_total:
+            out["tree_used_mib"] = self.tree_used_mib
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Json) -> GpuSnapshot:
+        return cls(
+            available=bool(d.get("available")),
+            reason=d.get("reason"),
+            devices=tuple(GpuDevice.from_dict(x) for x in d.get("devices") or []),
+            tree_used_mib=d.get("tree_used_mib"),
+            has_tree_total="tree_used_mib" in d,
+        )
+
+    def server_devices(self) -> tuple[GpuDevice, ...]:
+        """The devices the server's processes use, or all when none is visible."""
+        return tuple(d for d in self.devices if d.tree_processes) or self.devices
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRss:
+    pid: int
+    name: str | None
+    rss_mib: float
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+
+@dataclass(frozen=True, slots=True)
+class HostRss:
+    total_mib: float
+    processes: tuple[ProcRss, ...]
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> HostRss:
+        procs = tuple(
+            ProcRss(p["pid"], p.get("name"), p["rss_mib"]) for p in d.get("processes") or []
+        )
+        return cls(d.get("total_mib", 0.0), procs)
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    n: int
+    ok: int
+    median_s: float | None = None
+    p95_s: float | None = None
+    min_s: float | None = None
+    mean_s: float | None = None
+    tokens_per_s: float | None = None
+    completion_tokens_median: float | None = None
+    ttft_median_s: float | None = None
+    itl_median_ms: float | None = None
+    keys: tuple[str, ...] = ()  # the keys present when read back (older reports lack some)
+
+    def to_dict(self) -> Json:
+        names = self.keys or tuple(f.name for f in fields(self) if f.name != "keys")
+        if not self.keys and self.median_s is None:
+            names = ("n", "ok", "median_s", "p95_s", "min_s", "mean_s")
+        return {k: getattr(self, k) for k in names}
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Latency:
+        known = {f.name for f in fields(cls)} - {"keys"}
+        return cls(**{k: v for k, v in d.items() if k in known}, keys=tuple(d))
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    ok: bool
+    status: int | None
+    latency_s: float
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    has_choices: bool
+    answer: str | None
+    matched: bool | None
+    finish_reason: str | None
+    error: str | None
+    ttft_s: float | None
+    itl_ms: tuple[float, ...]
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Request:
+        values = {f.name: d.get(f.name) for f in fields(cls)}
+        return cls(**values | {"itl_ms": tuple(d.get("itl_ms") or ())})
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    answer: str
+    count: int
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswersMatched:
+    matched: int
+    checked: int
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    stop_s: float
+    signals: tuple[str, ...]
+    returncode: int | None
+    swept: tuple[int, ...]
+    survivors: tuple[int, ...]
+    port_free: bool | None
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Stop:
+        return cls(
+            d.get("stop_s", 0.0),
+            tuple(d.get("signals") or ()),
+            d.get("returncode"),
+            tuple(d.get("swept") or ()),
+            tuple(d.get("survivors") or ()),
+            d.get("port_free"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RankFacts:
+    offloader: str | None
+    offloaded_gib: float | None
+    model_loading_gib: float | None
+    status: str
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> RankFacts:
+        return cls(
+            d.get("offloader"),
+            d.get("offloaded_gib"),
+            d.get("model_loading_gib"),
+            d.get("status", "unknown"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LogFacts:
+    """What a mode's log says (from the analyze engine)."""
+
+    vllm_version: str | None = None
+    model_runner: str | None = None
+    model_runner_evidence: str | None = None
+    cpu_offload_gb: float | None = None
+    tensor_parallel_size: int | None = None
+    offloader: str | None = None
+    offloaded_gib: float | None = None
+    model_loading_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    reached_ready: bool = False
+    ranks: Mapping[str, RankFacts] = field(default_factory=dict)
+    gpu_total_gib: float | None = None
+    gpu_free_gib: float | None = None
+    oom: OomFigures | None = None
+
+    def to_dict(self) -> Json:
+        return pack(self, ("gpu_total_gib", "gpu_free_gib", "oom"))
+
+    @classmethod
+    def from_dict(cls, d: Json) -> LogFacts:
+        ranks = {k: RankFacts.from_dict(v) for k, v in (d.get("ranks") or {}).items()}
+        known = {f.name for f in fields(cls)} - {"ranks", "oom"}
+        oom = d.get("oom")
+        return cls(
+            **{k: v for k, v in d.items() if k in known},
+            ranks=ranks,
+            oom=OomFigures.from_dict(oom) if isinstance(oom, dict) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OomFigures:
+    """The numbers of a CUDA OOM message (what was asked for, what the GPU had) and of a KV cache
+    shortfall (`X GiB KV cache is needed, which is larger than the available ... (Y GiB)`)."""
+
+    tried_gib: float | None
+    total_gib: float | None
+    free_gib: float | None
+    in_use_gib: float | None
+    kv_needed_gib: float | None = None
+    kv_available_gib: float | None = None
+
+    def to_dict(self) -> Json:
+        return pack(self, ("kv_needed_gib", "kv_available_gib"))
+
+    @classmethod
+    def from_dict(cls, d: Json) -> OomFigures:
+        return cls(
+            d.get("tried_gib"),
+            d.get("total_gib"),
+            d.get("free_gib"),
+            d.get("in_use_gib"),
+            d.get("kv_needed_gib"),
+            d.get("kv_available_gib"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModeAnalysis:
+    """The analyze engine's verdict on a mode's log."""
+
+    category: str
+    rule_id: str | None
+    title: str
+    summary: str
+    severity: str
+    remedy: str
+    links: tuple[str, ...]
+    offload_status: str
+    offload_explanation: str
+    ranks_disagree: bool
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> ModeAnalysis:
+        return cls(
+            category=d.get("category", "unknown"),
+            rule_id=d.get("rule_id"),
+            title=d.get("title", ""),
+            summary=d.get("summary", ""),
+            severity=d.get("severity", "info"),
+            remedy=d.get("remedy", ""),
+            links=tuple(d.get("links") or ()),
+            offload_status=d.get("offload_status", "unknown"),
+            offload_explanation=d.get("offload_explanation", ""),
+            ranks_disagree=bool(d.get("ranks_disagree")),
+        )

@@ -1,0 +1,408 @@
+"""CompareRun: each mode in turn (start, wait, measure, stop, analyse), the report kept on disk.
+
+A server log is written raw into a private temporary folder (only this run opens it), analysed
+there, and saved into the run folder scrubbed of secrets; the raw copy is then deleted (and the
+folder of a run that was killed is swept by the next run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from vllm_offload_doctor import __version__
+from vllm_offload_doctor.compare import artifacts as art
+from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, CompareConfig, fmt_gb
+from vllm_offload_doctor.compare.decide import (
+    FitInputs,
+    compare_pair,
+    decide,
+    gpu_util_default,
+    has_escape_hatch,
+    nvsmi_note,
+    out_of_memory,
+    version_of,
+    with_fix,
+)
+from vllm_offload_doctor.compare.logscan import read_mode_log
+from vllm_offload_doctor.compare.measurement import measure
+from vllm_offload_doctor.compare.model import (
+    CompareReport,
+    CompareStatus,
+    Comparison,
+    Finding,
+    ModeResult,
+    ModeStatus,
+    ReportConfig,
+    Role,
+    Verdict,
+)
+from vllm_offload_doctor.compare.records import Stop
+from vllm_offload_doctor.errors import DoctorError, PortInUseError, ServerStartError
+
+if TYPE_CHECKING:
+    from vllm_offload_doctor.server import ServerProcess
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def report_config(cfg: CompareConfig) -> ReportConfig:
+    return ReportConfig(
+        vllm_cmd=tuple(art.scrub_argv(cfg.vllm_cmd)),
+        model=cfg.model,
+        revision=cfg.effective_revision,
+        served_model_name=cfg.served,
+        baseline_gb=cfg.baseline_gb,
+        offload_gb=tuple(cfg.offload_gb),
+        max_model_len=cfg.max_model_len,
+        host=cfg.host,
+        port=cfg.port,
+        repeats=cfg.repeats,
+        warmup=cfg.warmup,
+        stream=cfg.stream,
+        timeout_s=cfg.timeout_s,
+        tensor_parallel_size=cfg.tensor_parallel_size(),
+        extra_args=tuple(art.scrub_argv(cfg.extra_args)),
+        request=cfg.request_body(),
+        expect=tuple(cfg.expected_answers),
+        verify_fix=True if cfg.verify_fix else None,
+    )
+
+
+class CompareRun:
+    """Runs every mode in turn and keeps the report up to date and on disk after every step."""
+
+    def __init__(self, cfg: CompareConfig, progress: TextIO | None = None) -> None:
+        self.cfg = cfg
+        self.progress = progress
+        self.out = cfg.out_dir
+        self.report = CompareReport(
+            tool_version=__version__,
+            started_at=_now(),
+            config=report_config(cfg),
+            environment=art.relevant_env(),
+        )
+        self._raw_dir: Path | None = None
+
+    # ------------------------------------------------------------------ report on disk
+
+    def _set(self, **changes: object) -> None:
+        self.report = replace(self.report, **changes)  # type: ignore[arg-type]
+
+    def _put_mode(self, mode: ModeResult, index: int | None = None) -> int:
+        modes = list(self.report.modes)
+        if index is None:
+            modes.append(mode)
+            index = len(modes) - 1
+        else:
+            modes[index] = mode
+        self._set(modes=tuple(modes))
+        return index
+
+    def write(self) -> None:
+        import json
+
+        from vllm_offload_doctor.compare.render import render_markdown
+
+        text = json.dumps(self.report.to_dict(), indent=2, ensure_ascii=False)
+        art.atomic_write(self.out / "report.json", text)
+        art.atomic_write(self.out / "report.md", render_markdown(self.report))
+
+    def _say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress.write(message + "\n")
+            self.progress.flush()
+
+    # ------------------------------------------------------------------ the run
+
+    def execute(self) -> int:
+        with art.claim(self.out, force=self.cfg.force):
+            try:
+                art.sweep_raw_dirs(Path(tempfile.gettempdir()))
+                self._raw_dir = Path(tempfile.mkdtemp(prefix=art.raw_dir_prefix()))
+            except OSError as exc:
+                raise art.WriteError(
+                    f"cannot create a private folder for the server logs in "
+                    f"{tempfile.gettempdir()}: {exc.strerror or exc}"
+                ) from exc
+            try:
+                return self._execute()
+            finally:
+                shutil.rmtree(self._raw_dir, ignore_errors=True)
+
+    def _execute(self) -> int:
+        cfg = self.cfg
+        art.atomic_write(self.out / "commands.txt", art.commands_text(cfg, self._fix_env()))
+        self.write()
+        try:
+            self._run_modes()
+            self._set(complete=True)
+        except KeyboardInterrupt:
+            self._set(
+                interrupted=True,
+                verdict=Verdict(
+                    Finding(
+                        CompareStatus.INCONCLUSIVE,
+                        "interrupted",
+                        "Interrupted before every mode was measured; the partial figures are kept.",
+                    )
+                ),
+            )
+            raise
+        except DoctorError as exc:
+            self._set(
+                error=str(exc),
+                verdict=Verdict(Finding(CompareStatus.INCONCLUSIVE, "could not run", str(exc))),
+            )
+            raise
+        finally:
+            self._set(finished_at=_now())
+            with contextlib.suppress(DoctorError):
+                self.write()
+        return 0 if self.report.verdict.status == CompareStatus.EFFECTIVE else 1
+
+    def _fix_env(self) -> dict[str, str] | None:
+        return self.cfg.fix_env()
+
+    def _run_modes(self) -> None:
+        cfg = self.cfg
+        modes = cfg.modes()
+        n = len(modes)
+        base = self.run_mode(0, n, modes[0], Role.BASELINE)
+        offs: list[ModeResult] = []
+        if base.ok or out_of_memory(base):
+            if not base.ok:
+                self._say(
+                    "baseline ran out of GPU memory: the model needs offload; "
+                    "running the offload mode(s)"
+                )
+            offs = [self.run_mode(i, n, gb, Role.OFFLOAD) for i, gb in enumerate(modes) if i]
+        else:
+            cause = base.analysis.title if base.analysis else base.reason
+            self._say(
+                f"the baseline failed ({cause}); offload cannot change that, so the offload "
+                "mode(s) are not run"
+            )
+        fit = self._fit_inputs(base)
+        comps = [compare_pair(base, off, fit) for off in offs]
+        if not comps:
+            comps = [compare_pair(base, None)]
+        comps, notes = self._verify(base, comps)
+        served = sum(1 for m in self.report.modes if m.ok)
+        version = version_of(base) or next((version_of(m) for m in offs if version_of(m)), None)
+        verdict = decide(comps, served, nvsmi_note(version, cfg.gpu_memory_utilization()))
+        if notes:
+            f = verdict.finding
+            verdict = replace(verdict, finding=replace(f, notes=f.notes + tuple(notes)))
+        self._set(comparisons=tuple(comps), verdict=verdict)
+
+    def _fit_inputs(self, base: ModeResult) -> FitInputs:
+        """Weights per GPU (local models only), gpu_memory_utilization and context length."""
+        util = self.cfg.gpu_memory_utilization() or gpu_util_default(version_of(base))
+        mml = self.cfg.max_model_len
+        if base.ok:
+            return FitInputs(None, util, mml)
+        from vllm_offload_doctor.modelsize import inspect_model
+
+        try:
+            size = inspect_model(self.cfg.model, os.environ, Path.home())
+        except (DoctorError, OSError, ValueError):
+            return FitInputs(None, util, mml)
+        return FitInputs(size.total_bytes / 2**30 / self.cfg.tensor_parallel_size(), util, mml)
+
+    def _verify(
+        self, base: ModeResult, comps: list[Comparison]
+    ) -> tuple[list[Comparison], list[str]]:
+        """--verify-fix: re-run an ignored offload mode with the prescribed escape hatch."""
+        if not self.cfg.verify_fix:
+            return comps, []
+        ignored = [i for i, c in enumerate(comps) if c.status == CompareStatus.IGNORED]
+        env = self._fix_env()
+        if not ignored:
+            already = (
+                f" ({V1_RUNNER_ENV[0]}={V1_RUNNER_ENV[1]} is already set)" if env is None else ""
+            )
+            return comps, [
+                f"--verify-fix: nothing to verify, no offload mode was ignored{already}."
+            ]
+        off = next(m for m in self.report.modes if m.offload_gb == comps[ignored[0]].offload_gb)
+        version = version_of(off)
+        if env is None:
+            return comps, [
+                f"--verify-fix: {V1_RUNNER_ENV[0]}={V1_RUNNER_ENV[1]} is already set; "
+                "there is no further fix to verify."
+            ]
+        if not has_escape_hatch(version):
+            return comps, [
+                f"--verify-fix: vLLM {version or '(unknown version)'} has no "
+                f"{V1_RUNNER_ENV[0]} escape hatch (0.22-0.27.x only); nothing was re-run."
+            ]
+        out = list(comps)
+        assign = " ".join(f"{k}={v}" for k, v in env.items())
+        for i in ignored:
+            gb = out[i].offload_gb or 0.0
+            fix_mode = self.run_mode(
+                len(self.report.modes), len(self.report.modes) + 1, gb, Role.VERIFY_FIX, env
+            )
+            fix = compare_pair(base, fix_mode, self._fit_inputs(base))
+            out[i] = with_fix(out[i], fix, assign)
+        return out, []
+
+    # ------------------------------------------------------------------ one mode
+
+    def run_mode(
+        self, i: int, n: int, gb: float, role: Role, env: dict[str, str] | None = None
+    ) -> ModeResult:
+        from vllm_offload_doctor.ports import probe_port
+        from vllm_offload_doctor.progress import LogFollower, Progress
+        from vllm_offload_doctor.server import ServerProcess
+
+        cfg = self.cfg
+        label = fmt_gb(gb) + ("-fix" if role == Role.VERIFY_FIX else "")
+        assert self._raw_dir is not None
+        raw_log = self._raw_dir / f"mode-{label}.log"
+        argv = cfg.argv(gb)
+        mode = ModeResult(
+            label=label,
+            offload_gb=gb,
+            role=role,
+            command=tuple(art.scrub_argv(argv)),
+            log=f"mode-{label}.log",
+            status=ModeStatus.STARTING,
+            env=env,
+        )
+        idx = self._put_mode(mode)
+        self.write()
+        state = probe_port(cfg.host, cfg.port)
+        if not state.free:
+            self._put_mode(
+                replace(mode, status=ModeStatus.NOT_STARTED, reason=state.describe()), idx
+            )
+            raise PortInUseError(f"{state.describe()}; stop it or choose another --port")
+        what = f"offload {fmt_gb(gb)} GiB" + (f" with {' '.join(env)}=…" if env else "")
+        prog = Progress(f"{i + 1}/{n} {what}", self.progress) if self.progress else None
+        follower = LogFollower(raw_log)
+        key = cfg.api_key()
+        srv = ServerProcess(
+            argv,
+            log_path=raw_log,
+            host=cfg.host,
+            port=cfg.port,
+            served_model=cfg.served,
+            grace_s=cfg.grace_s,
+            env=dict(os.environ, **(env or {})),
+            api_key=key,
+        )
+
+        def tick(elapsed: float) -> None:
+            nonlocal mode
+            phase = follower.poll()
+            if prog:
+                prog.update(elapsed, phase)
+            if mode.pid is None and srv.pid is not None:  # the server pid, once it exists
+                mode = replace(mode, pid=srv.pid)
+                self._put_mode(mode, idx)
+                self.write()
+
+        try:
+            try:
+                srv.start()
+            except OSError as exc:
+                raise ServerStartError(f"cannot start {shlex.join(argv[:2])}: {exc}") from exc
+            res = srv.wait_ready(cfg.timeout_s, on_tick=tick)
+            mode = replace(mode, startup_s=round(res.startup_s, 2), phase=follower.poll())
+            if res.ready:
+                if prog:
+                    prog.line(f"ready in {res.startup_s:.1f} s; measuring")
+                served = measure(srv, cfg, key)
+                ok = served.latency.ok > 0
+                mode = replace(
+                    mode,
+                    served=served,
+                    status=ModeStatus.OK if ok else ModeStatus.REQUESTS_FAILED,
+                    reason=None if ok else _request_failure(served),
+                )
+            else:
+                status = (
+                    ModeStatus.EXITED
+                    if res.exited
+                    else ModeStatus.UNAUTHORIZED
+                    if res.unauthorized
+                    else ModeStatus.TIMEOUT
+                )
+                mode = replace(mode, status=status, returncode=res.returncode, reason=res.reason)
+                if prog:
+                    prog.line(f"{res.reason} (last phase: {mode.phase})")
+        except KeyboardInterrupt:
+            mode = replace(mode, status=ModeStatus.INTERRUPTED, reason="interrupted")
+            raise
+        finally:
+            if prog:
+                prog.done()
+            mode = self._finish_mode(mode, srv, raw_log)
+            self._put_mode(mode, idx)
+            if prog and mode.stop:
+                prog.line(
+                    f"stopped in {mode.stop.stop_s:.1f} s ({', '.join(mode.stop.signals) or 'exited'})"
+                )
+            self.write()
+        return mode
+
+    def _finish_mode(self, mode: ModeResult, srv: ServerProcess, raw_log: Path) -> ModeResult:
+        """Stop the server, analyse the raw log, save it scrubbed, delete the raw copy."""
+        s = srv.stop()
+        mode = replace(
+            mode,
+            stop=Stop(
+                round(s.stop_s, 3),
+                tuple(s.signals),
+                s.returncode,
+                tuple(s.swept),
+                tuple(s.survivors),
+                s.port_free,
+            ),
+            leftover_pids=tuple(s.survivors) if s.survivors else None,
+        )
+        try:
+            analysis, facts, last_error = read_mode_log(raw_log, mode.log)
+        except Exception as exc:  # the verdict must survive an analysis bug
+            mode = replace(mode, analysis_error=f"log analysis failed: {type(exc).__name__}: {exc}")
+        else:
+            analysis = replace(
+                analysis,
+                title=art.scrub(analysis.title),
+                summary=art.scrub(analysis.summary),
+                offload_explanation=art.scrub(analysis.offload_explanation),
+            )
+            if facts.model_runner_evidence:
+                facts = replace(facts, model_runner_evidence=art.scrub(facts.model_runner_evidence))
+            mode = replace(mode, analysis=analysis, log_facts=facts)
+            if not mode.ok and last_error:
+                mode = replace(mode, last_error_line=art.scrub(last_error)[:400])
+        try:
+            art.save_scrubbed_log(raw_log, self.out / mode.log)
+        finally:
+            with contextlib.suppress(OSError):
+                raw_log.unlink()
+        return mode
+
+
+def _request_failure(served: object) -> str:
+    from collections import Counter
+
+    from vllm_offload_doctor.compare.model import Served
+
+    assert isinstance(served, Served)
+    errors = Counter(r.error for r in served.requests)
+    return "every measured request failed: " + "; ".join(
+        f"{e} (x{c})" for e, c in errors.most_common(2)
+    )
