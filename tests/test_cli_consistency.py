@@ -209,22 +209,7 @@ SAME_OPTION = (
 )
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="compare takes --cpu-offload-gb with its restructuring (issue 9, compare/cli.py); "
-                "drop this mark when that lands",
-            ),
-        )
-        if name == "compare"
-        else name
-        for name in ("check", "compare", "analyze", "rules")
-    ],
-)
+@pytest.mark.parametrize("name", ["check", "compare", "analyze", "rules"])
 def test_vllms_option_names_are_accepted_wherever_ours_are(name: str) -> None:
     assert isinstance(cli, click.Group)
     command = cli.commands[name]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from vllm_offload_doctor import links as links_mod
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, fmt_gb
 from vllm_offload_doctor.compare.model import (
     CompareStatus,
@@ -28,10 +29,7 @@ from vllm_offload_doctor.compare.model import (
 from vllm_offload_doctor.compare.performance import performance, solo_performance
 from vllm_offload_doctor.compare.records import LogFacts
 
-MRV2_LINKS = (
-    "https://github.com/vllm-project/vllm/issues/51396",
-    "https://github.com/vllm-project/vllm/pull/51413",
-)
+MRV2_LINKS = links_mod.MRV2
 MRV2_REMEDY = (
     "Set VLLM_USE_V2_MODEL_RUNNER=0 (vLLM 0.22-0.27.x), or upgrade to vLLM >= 0.28.0, "
     "whose V2 model runner installs the offloader."

@@ -24,8 +24,7 @@ from vllm_offload_doctor.compare.records import (
     Stop,
     pack,
 )
-
-SCHEMA_VERSION = 1
+from vllm_offload_doctor.schema import SCHEMA_VERSION
 
 
 class CompareStatus(StrEnum):
