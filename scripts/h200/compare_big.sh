@@ -13,7 +13,7 @@ export PYTHONPATH=.:/tmp/site:/tmp/doctor-deps
 [ -d /tmp/big ] || python3 scripts/h200/make_big_model.py /tmp/qwen3-0.6b-random /tmp/big >"$out/make-big.out" 2>&1
 python3 -m vllm_offload_doctor check --model /tmp/big --max-model-len 2048 \
   >"$out/check.txt" 2>&1
-PYTHONPATH=.:/tmp/site timeout $(( deadline - $(date +%s) )) python3 -m vllm_offload_doctor compare --model /tmp/big --served-model-name big \
+timeout $(( deadline - $(date +%s) )) python3 -m vllm_offload_doctor compare --model /tmp/big --served-model-name big \
   --offload-gb "$gb" --max-tokens 8 --repeats 1 --warmup 0 --out "$out/compare" "$@" \
   -- --load-format dummy --enforce-eager --max-model-len 2048 --attention-backend TRITON_ATTN 2>&1 | tee "$out/compare.txt"
 echo "compare exit: $?"
