@@ -225,3 +225,43 @@ def test_check_plans_the_h200_run_without_a_gpu(h200_model: Path) -> None:
     # 30 GiB asked: 12,361 tokens. vLLM moves whole tensors and went to 30.61 GiB, which the
     # plan turns into 14,138 tokens (test above) against the 14,160 it logged.
     assert "KV cache for about 12,361 tokens" in fit.message
+
+
+# What the H200 reported (nvidia-smi -q / NVML v2 / torch.cuda.mem_get_info on the device): CUDA's total
+# is NVML's total less the driver's reserve, and vLLM's budget is gpu_memory_utilization x CUDA's total.
+H200_NVML_TOTAL = 150_754_820_096
+H200_NVML_RESERVED = 644_939_776
+H200_CUDA_TOTAL = 150_109_880_320
+
+
+def test_check_on_the_real_h200_figures_agrees_with_the_bisection(h200_model: Path) -> None:
+    """With the GPU read through NVML (not --gpu-memory-gib), the driver's reserve is left out."""
+    from dataclasses import replace
+
+    from test_checks import H100, NVML, PY, FakeProbe
+
+    from vllm_offload_doctor.checks import Options, Status, run_checks
+
+    h200 = replace(
+        H100,
+        name="NVIDIA H200",
+        memory_total=H200_NVML_TOTAL,
+        memory_free=H200_CUDA_TOTAL,
+        memory_reserved=H200_NVML_RESERVED,
+    )
+    assert h200.memory_usable == H200_CUDA_TOTAL
+    probe = FakeProbe(
+        model=size_model(h200_model),
+        nvml_info=replace(NVML, gpus=(h200,)),
+        interp=replace(PY, vllm_version="0.25.1"),
+    )
+    for offload, served in BISECT_SERVES.items():
+        options = Options(model=str(h200_model), max_model_len=2048, offload_gb=offload)
+        fit = next(c for c in run_checks(probe, options).checks if c.id == "fit")
+        assert (fit.status is Status.OK) == served, (offload, fit.message)
+    fit = next(
+        c
+        for c in run_checks(probe, Options(model=str(h200_model), max_model_len=2048)).checks
+        if c.id == "fit"
+    )
+    assert "offload at least 27 GiB" in fit.message

@@ -355,3 +355,32 @@ def test_hf_cache_default_location_under_home(tmp_path: Path) -> None:
 def test_model_not_found_never_downloads(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="never downloads"):
         inspect_model("org/absent", {"HF_HOME": str(tmp_path)}, tmp_path)
+
+
+def test_read_nvml_takes_the_drivers_reserve_from_the_v2_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML v2 adds `reserved`; CUDA's total (what vLLM budgets from) is total - reserved."""
+    mod = fake_pynvml()
+    Mem2 = namedtuple("Mem2", "total reserved free used")
+    v1 = mod.nvmlDeviceGetMemoryInfo  # type: ignore[attr-defined]
+
+    def memory_info(handle: int, version: int | None = None) -> Any:
+        if version is None:
+            return v1(handle)
+        assert version == 2
+        return Mem2(150_754_820_096, 644_939_776, 150_109_880_320, 0)
+
+    mod.nvmlMemory_v2 = 2  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetMemoryInfo = memory_info  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    (gpu,) = read_nvml().gpus
+    assert gpu.memory_reserved == 644_939_776
+    assert gpu.memory_usable == gpu.memory_total - 644_939_776  # type: ignore[operator]
+
+
+def test_read_nvml_without_the_v2_record_has_no_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    (gpu,) = read_nvml().gpus
+    assert gpu.memory_reserved is None
+    assert gpu.memory_usable == gpu.memory_total == 141 * GIB

@@ -70,6 +70,15 @@ class GpuInfo:
     pcie_gen_max: int | None = None
     pcie_width_max: int | None = None
     memory_used: int | None = None  # NVML's own figure (compare reports it per device)
+    # The driver's reserve: CUDA (and so vLLM's gpu_memory_utilization) sees total - reserved.
+    memory_reserved: int | None = None
+
+    @property
+    def memory_usable(self) -> int | None:
+        """What CUDA reports as total memory, the figure vLLM's budget is a fraction of."""
+        if self.memory_total is None:
+            return None
+        return self.memory_total - (self.memory_reserved or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +337,7 @@ def cuda_version(value: int | None) -> str | None:
 def _read_gpu(nvml: Any, index: int, handle: Any) -> GpuInfo:
     cc = _optional(nvml, nvml.nvmlDeviceGetCudaComputeCapability, handle)
     mem = _optional(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    mem2 = _memory_v2(nvml, handle)
     mig = _optional(nvml, nvml.nvmlDeviceGetMigMode, handle)
     procs = _optional(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
     return GpuInfo(
@@ -345,7 +355,19 @@ def _read_gpu(nvml: Any, index: int, handle: Any) -> GpuInfo:
         pcie_gen_max=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
         pcie_width_max=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
         memory_used=int(mem.used) if mem else None,
+        memory_reserved=int(mem2.reserved) if mem2 is not None else None,
     )
+
+
+def _memory_v2(nvml: Any, handle: Any) -> Any:
+    """NVML's v2 memory record (it adds `reserved`); None where the binding or driver lacks it."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is None:
+        return None
+    try:
+        return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+    except (nvml.NVMLError, TypeError, AttributeError):
+        return None
 
 
 def _optional(nvml: Any, fn: Callable[..., T], *args: Any) -> T | None:

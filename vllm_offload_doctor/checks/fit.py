@@ -116,10 +116,10 @@ def _gpu_total(ctx: Context) -> tuple[float | None, str]:
         return planned * GIB, f"--gpu-memory-gib {planned:g}"
     if ctx.nvml.error or not ctx.nvml.gpus:
         return None, "no GPU found"
-    totals = [g.memory_total for g in ctx.used_gpus() if g.memory_total]
+    totals = [g.memory_usable for g in ctx.used_gpus() if g.memory_usable]
     if not totals:
         return None, "GPU memory size unknown"
-    return min(totals), "smallest used GPU"
+    return min(totals), "smallest used GPU, less the driver's reserve"
 
 
 def _for_length(p: FitPlan) -> str:
