@@ -199,3 +199,17 @@ def test_which_baseline_failures_offload_can_change(
         log_facts=replace(base.log_facts, reached_ready=ready),
     )
     assert out_of_memory(base) is runs_offload
+
+
+REAL_V2 = BISECT.parent / "needs-offload-v2-default"
+
+
+def test_real_v2_runner_logs_say_ignored_not_failed() -> None:
+    """vLLM 0.25.1's default (V2) runner on the H200: offload 0 and offload 32 both die loading the weights."""
+    base = from_log(REAL_V2 / "mode-0.log", 0.0, ModeStatus.EXITED)
+    off = from_log(REAL_V2 / "mode-32.log", 32.0, ModeStatus.EXITED)
+    assert base.analysis is not None and base.analysis.category == "oom_weights"
+    assert out_of_memory(base)
+    c = compare_pair(base, off, FIT)
+    assert c.status == CompareStatus.IGNORED
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in c.finding.remedy
