@@ -82,3 +82,21 @@ def test_kv_offloading_size_is_not_weight_offload() -> None:
 def test_no_kv_offload_note_without_kv_offloading() -> None:
     a = analyze_lines(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB."])
     assert "KV-cache offloading" not in a.verdict.summary
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["", "0: ", "12: ", "[1,0]<stderr>:", "[0,3]<stdout>: ", "May 01 10:00:10 node-7 vllm[2211]: ",
+     "2026-05-01T10:00:10.123456789Z stderr F ", "vllm-1  | ", "(VllmWorker rank=1 pid=2345) "],
+)
+def test_launcher_and_collector_prefixes(prefix: str) -> None:
+    """srun --label, mpirun --tag-output, journald, CRI, compose, worker prefixes before anchored lines."""
+    got = {
+        line: analyze_lines([prefix + line]).verdict.category.value
+        for line in (
+            "RuntimeError: Cannot copy out of meta tensor; no data!",
+            "MemoryError",
+            "ValueError: `max_num_batched_tokens` (2048) must be greater than or equal to `max_model_len` (8192).",
+        )
+    }
+    assert list(got.values()) == ["crash_other", "oom_host", "bad_args"]

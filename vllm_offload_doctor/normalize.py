@@ -29,6 +29,8 @@ _OUTER = re.compile(
       | \[pod/[^\]]+\]\s+                                                          # kubectl --prefix
       | (?:stdout|stderr)\ [FP]\                                                   # CRI (containerd) file
       | >\ ?                                                                       # quoted paste
+      | \d{1,4}:\                                                                 # srun --label task id
+      | \[\d{1,5},\d{1,5}\]<(?:stdout|stderr)>:\ ?                                # mpirun --tag-output
       | \d+\.\d+\s+                                                                # seconds offset
     )""",
     re.VERBOSE,
