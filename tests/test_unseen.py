@@ -100,3 +100,16 @@ def test_launcher_and_collector_prefixes(prefix: str) -> None:
         )
     }
     assert list(got.values()) == ["crash_other", "oom_host", "bad_args"]
+
+
+def test_death_with_kv_offloading_names_its_pinned_host_memory() -> None:
+    a = analyze_lines(
+        [
+            "(APIServer pid=3) INFO 10-02 10:00:00 [api_utils.py:286] non-default args: "
+            "{'model_tag': 'm', 'kv_offloading_size': 64.0}",
+            "Killed",
+        ]
+    )
+    assert a.verdict.title == "The engine died without an exception"
+    assert "KV-cache offloading (--kv-offloading-size 64.0)" in a.verdict.summary
+    assert [e.text for e in a.notable] == ["Killed"]

@@ -104,6 +104,9 @@ def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
         )
     else:
         summary += "; the usual cause is the kernel's OOM killer (host RAM or the container limit)"
+    kv = kv_offload_in(facts)
+    if kv is not None:
+        summary += f"; KV-cache offloading ({kv}) also keeps its blocks in pinned host RAM"
     return Verdict(
         Category.UNKNOWN,
         None,
