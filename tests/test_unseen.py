@@ -113,3 +113,35 @@ def test_death_with_kv_offloading_names_its_pinned_host_memory() -> None:
     assert a.verdict.title == "The engine died without an exception"
     assert "KV-cache offloading (--kv-offloading-size 64.0)" in a.verdict.summary
     assert [e.text for e in a.notable] == ["Killed"]
+
+
+READY = [
+    "INFO 05-01 10:01:00 [api_server.py:1000] Starting vLLM API server on http://0.0.0.0:8000",
+    "INFO:     Application startup complete.",
+]
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        # 0.5-era CPU/ROCm builds warn about their missing extension and still serve
+        "WARNING 08-31 15:52:50 _custom_ops.py:18] Failed to import from vllm._C with "
+        "ModuleNotFoundError(\"No module named 'vllm._C'\")",
+        # huggingface_hub retries a HEAD request, then finds the file
+        "WARNING 05-01 10:00:00 [_http.py:320] '(MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', "
+        "port=443): Max retries exceeded with url: /x/resolve/main/config.json (Caused by "
+        "ConnectTimeoutError(...))\"), '(Request ID: 1)')' thrown while requesting HEAD "
+        "https://huggingface.co/x/resolve/main/config.json",
+        "NCCL WARN NET/IB : No device found.",
+    ],
+)
+def test_errors_the_server_lived_through_are_not_its_failure(before: str) -> None:
+    a = analyze_lines([before, *READY])
+    assert a.verdict.category.value == "healthy"
+
+
+def test_an_error_after_readiness_still_counts() -> None:
+    a = analyze_lines(
+        [*READY, "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"]
+    )
+    assert a.verdict.category.value == "port_in_use"

@@ -366,6 +366,7 @@ class _State:
         )
         if frame is not None and (not findings or findings[0].precedence < frame.precedence):
             findings.insert(0, frame)
+        findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()
         if not findings:
