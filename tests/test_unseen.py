@@ -145,3 +145,20 @@ def test_an_error_after_readiness_still_counts() -> None:
         [*READY, "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"]
     )
     assert a.verdict.category.value == "port_in_use"
+
+
+_ROOT = Path(__file__).parent.parent
+_ALL_LOGS = sorted(
+    [*_ROOT.glob("fixtures/rules/*/*.log"), *HERE.glob("*.log"), *(_ROOT / "tests/pasted").iterdir()]
+)
+
+
+@pytest.mark.parametrize("path", _ALL_LOGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_failure_verdict_shows_its_lines(path: Path) -> None:
+    a = analyze_file(path)
+    if a.findings:
+        assert a.findings[0].evidence
+    elif a.verdict.severity.value == "error":
+        assert a.notable
+    if "lines below" in a.verdict.summary:
+        assert a.notable
