@@ -59,6 +59,7 @@ def shapes(word: str, n: int) -> Iterable[tuple[str, str]]:
     yield "word+kv", word + "a=1, " * (n // 5)
     yield "word+quotes", word + "'a'," * (n // 4)
     yield "word+spaces+word", word + " " * n + word + " x"
+    yield "x+spaces+word+spaces", "x" + " " * (n // 2) + word + " " * (n // 2)
     yield "prefixed", "(EngineCore pid=1) ERROR 11-29 15:50:42 [core.py:1] " + word + " " * n
 
 
@@ -143,7 +144,7 @@ def measure(size: int, budget_s: float) -> dict[str, Any]:
     """Worst s/MB per family, and per pattern, for crafted lines of `size` characters."""
     out: dict[str, Any] = {}
     for family, runs in families().items():
-        worst = (0.0, "", "")
+        worst: tuple[float, str, str, str, str] = (0.0, "", "", "", "")
         per: dict[str, float] = {}
         timeouts = 0
         for name, run, words in runs:
@@ -160,12 +161,13 @@ def measure(size: int, budget_s: float) -> dict[str, Any]:
                     rate = dt / (len(line.encode()) / MB)
                     per[name] = max(per.get(name, 0.0), rate)
                     if rate > worst[0]:
-                        worst = (rate, name, f"{shape} ({word!r})")
+                        worst = (rate, name, f"{shape} ({word!r})", shape, word)
                     if spent > budget_s:
                         break
                 if spent > budget_s:
                     break
         out[family] = {"worst_s_per_mb": worst[0], "pattern": worst[1], "line": worst[2],
+                       "shape": worst[3], "word": worst[4],
                        "timeouts": timeouts, "patterns": len(runs),
                        "top": sorted(per.items(), key=lambda kv: -kv[1])[:3]}  # fmt: skip
     return out
@@ -195,7 +197,7 @@ def analyze_worst(size: int, limit_s: float, shapes_of: Iterable[tuple[str, str]
 
 
 E2E = (
-    ("word+spaces", "version"), ("word+spaces+word", "version"), ("word+letters", "non-default args: "),
+    ("word+spaces", "version"), ("x+spaces+word+spaces", "version"), ("word+spaces+word", "version"), ("word+letters", "non-default args: "),
     ("word+kv", "args: Namespace("), ("word+spaces", "  model"), ("word+tabs+x", "ERROR"),
     ("word+parens", "LLM engine"), ("word+quotes", "non-default args: "), ("spaces+word", "Traceback"),
     ("prefixed", "File \""), ("word+braces", "non-default args: "), ("word repeated", "pid="),
@@ -234,9 +236,9 @@ def main() -> int:
 
     if args.measure:
         result = measure(args.size_kb * 1024, args.budget_s)
-        result["analyze"] = analyze_worst(
-            args.analyze_kb * 1024, args.limit_s, ((s, w) for s, w in E2E)
-        )
+        # The fixed cases, and each family's worst line.
+        cases = dict.fromkeys([*E2E, *((r["shape"], r["word"]) for r in result.values() if r["shape"])])
+        result["analyze"] = analyze_worst(args.analyze_kb * 1024, args.limit_s, cases)
         print(json.dumps(result))
         return 0
 

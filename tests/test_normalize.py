@@ -197,11 +197,6 @@ def test_split_long_lost_line_breaks() -> None:
     assert parse(4, parts[3]).proc == "EngineCore_DP0"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_EMBEDDED_START also matches between '(Proc pid=N)' and its own 'INFO mm-dd ...', "
-    "so a 0.31+ record loses its process prefix when a paste is split",
-)
 def test_split_long_keeps_process_prefix_with_its_record() -> None:
     record = "(APIServer pid=1) INFO 11-29 15:14:24 [api_utils.py:273] non-default args: {'x': 1}"
     raw = " ".join([RECORDS[0], record, RECORDS[1]])
@@ -212,3 +207,24 @@ def test_split_long_keeps_process_prefix_with_its_record() -> None:
 def test_split_long_without_records_is_one_piece() -> None:
     raw = "a" * (SPLIT_THRESHOLD * 3)
     assert split_long(raw) == [raw]
+
+
+def test_split_short_paste_with_lost_breaks_into_records_frames_and_exception() -> None:
+    """A paste under SPLIT_THRESHOLD whose breaks were lost still splits at records and frames."""
+    lines = [
+        "INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 4681",
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/x/vllm/worker/worker.py", line 500, in raise_if_cache_size_invalid',
+        "[rank0]: ValueError: No available memory for the cache blocks.",
+    ]
+    raw = " ".join(lines)
+    assert len(raw) < SPLIT_THRESHOLD
+    parts = [p.strip() for p in split_long(raw)]
+    assert parts[0] == lines[0]
+    assert any(p.startswith('File "/x/vllm/worker/worker.py"') for p in parts)
+    assert parts[-1] == "ValueError: No available memory for the cache blocks."
+
+
+def test_short_line_with_one_record_is_not_split() -> None:
+    line = "INFO 02-26 09:54:05 worker.py:267] " + "model weights take 5.20GiB; " * 15
+    assert split_long(line) == [line]

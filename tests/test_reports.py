@@ -67,12 +67,18 @@ def test_pip_list_dates_an_undated_log() -> None:
         "v2-default/compare-v2.txt",
         "tp2-v1-runner/compare-tp2-v1.txt",
         "v1-runner/commands.txt",
+        "v2-default/commands.txt",
+        "v1-runner/report.md",
+        "tp2-v1-runner/report.md",
     ],
 )
 def test_compare_out_folder_reports_give_no_false_verdict(name: str) -> None:
     a = _both(FIXTURES / "h200-compare" / name)
     assert a.verdict.category is Category.UNKNOWN
     assert not a.findings
+    # The commands compare ran are not this input's arguments.
+    assert a.offload.status.value == "not_requested"
+    assert a.facts.pasted_reports
 
 
 def test_our_analyze_output_pasted_alone_reads_its_quoted_evidence_only() -> None:

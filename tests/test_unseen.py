@@ -82,3 +82,83 @@ def test_kv_offloading_size_is_not_weight_offload() -> None:
 def test_no_kv_offload_note_without_kv_offloading() -> None:
     a = analyze_lines(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB."])
     assert "KV-cache offloading" not in a.verdict.summary
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["", "0: ", "12: ", "[1,0]<stderr>:", "[0,3]<stdout>: ", "May 01 10:00:10 node-7 vllm[2211]: ",
+     "2026-05-01T10:00:10.123456789Z stderr F ", "vllm-1  | ", "(VllmWorker rank=1 pid=2345) "],
+)
+def test_launcher_and_collector_prefixes(prefix: str) -> None:
+    """srun --label, mpirun --tag-output, journald, CRI, compose, worker prefixes before anchored lines."""
+    got = {
+        line: analyze_lines([prefix + line]).verdict.category.value
+        for line in (
+            "RuntimeError: Cannot copy out of meta tensor; no data!",
+            "MemoryError",
+            "ValueError: `max_num_batched_tokens` (2048) must be greater than or equal to `max_model_len` (8192).",
+        )
+    }
+    assert list(got.values()) == ["crash_other", "oom_host", "bad_args"]
+
+
+def test_death_with_kv_offloading_names_its_pinned_host_memory() -> None:
+    a = analyze_lines(
+        [
+            "(APIServer pid=3) INFO 10-02 10:00:00 [api_utils.py:286] non-default args: "
+            "{'model_tag': 'm', 'kv_offloading_size': 64.0}",
+            "Killed",
+        ]
+    )
+    assert a.verdict.title == "The engine died without an exception"
+    assert "KV-cache offloading (--kv-offloading-size 64.0)" in a.verdict.summary
+    assert [e.text for e in a.notable] == ["Killed"]
+
+
+READY = [
+    "INFO 05-01 10:01:00 [api_server.py:1000] Starting vLLM API server on http://0.0.0.0:8000",
+    "INFO:     Application startup complete.",
+]
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        # 0.5-era CPU/ROCm builds warn about their missing extension and still serve
+        "WARNING 08-31 15:52:50 _custom_ops.py:18] Failed to import from vllm._C with "
+        "ModuleNotFoundError(\"No module named 'vllm._C'\")",
+        # huggingface_hub retries a HEAD request, then finds the file
+        "WARNING 05-01 10:00:00 [_http.py:320] '(MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', "
+        "port=443): Max retries exceeded with url: /x/resolve/main/config.json (Caused by "
+        "ConnectTimeoutError(...))\"), '(Request ID: 1)')' thrown while requesting HEAD "
+        "https://huggingface.co/x/resolve/main/config.json",
+        "NCCL WARN NET/IB : No device found.",
+    ],
+)
+def test_errors_the_server_lived_through_are_not_its_failure(before: str) -> None:
+    a = analyze_lines([before, *READY])
+    assert a.verdict.category.value == "healthy"
+
+
+def test_an_error_after_readiness_still_counts() -> None:
+    a = analyze_lines(
+        [*READY, "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"]
+    )
+    assert a.verdict.category.value == "port_in_use"
+
+
+_ROOT = Path(__file__).parent.parent
+_ALL_LOGS = sorted(
+    [*_ROOT.glob("fixtures/rules/*/*.log"), *HERE.glob("*.log"), *(_ROOT / "tests/pasted").iterdir()]
+)
+
+
+@pytest.mark.parametrize("path", _ALL_LOGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_failure_verdict_shows_its_lines(path: Path) -> None:
+    a = analyze_file(path)
+    if a.findings:
+        assert a.findings[0].evidence
+    elif a.verdict.severity.value == "error":
+        assert a.notable
+    if "lines below" in a.verdict.summary:
+        assert a.notable

@@ -339,6 +339,11 @@ class _State:
             first_line = hit.evidence[0].line if hit and hit.evidence else None
             values = dict(base)
             values["error_phase"] = self._error_phase(first_line, hit.context if hit else ())
+            # A wrapper (EngineCore encountered a fatal error, EngineDeadError) after readiness: the
+            # engine died while serving, whatever the exception above it.
+            values["engine_dead_after_ready"] = bool(
+                self.ready_line and any(w.line > self.ready_line for w in self.clues.wrappers)
+            )
             values["fatal_after_ready"] = bool(
                 self.ready_line
                 and self.first_fatal_line
@@ -370,6 +375,7 @@ class _State:
         )
         if frame is not None and (not findings or findings[0].precedence < frame.precedence):
             findings.insert(0, frame)
+        findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()
         if not findings:

@@ -402,12 +402,11 @@ class FactCollector:
         m = _NAMESPACE.match(msg)
         if m:
             self._apply_args(
-                {k: _literal(v) for k, v in _NS_ITEM.findall(m.group("d"))}
+                {k: _literal(v) for k, v in _ns_items(m.group("d"))}
             )
             return
         if _ENGINE_CFG.search(msg):
-            for cm in _CFG_ITEM.finditer(msg[:MAX_TEXT]):
-                k, v = cm.group("k"), cm.group("v").strip("'")
+            for k, v in _cfg_items(msg[:MAX_TEXT]):
                 if k == "device_config" and v == "cpu":
                     f.device_cpu = True
                 elif k == "model" and f.model is None:
@@ -573,6 +572,16 @@ class FactCollector:
         if f.reached_ready or self.served_requests:
             f.reached_ready = True
         return f
+
+
+@functools.lru_cache(maxsize=16)  # a crash loop logs its config on every restart
+def _cfg_items(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple((m.group("k"), m.group("v").strip("'")) for m in _CFG_ITEM.finditer(text))
+
+
+@functools.lru_cache(maxsize=16)
+def _ns_items(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple(_NS_ITEM.findall(text))
 
 
 @functools.lru_cache(maxsize=16)  # a crash loop logs the same args on every restart

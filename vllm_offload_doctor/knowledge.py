@@ -208,6 +208,8 @@ def _alternation(path: Path, key: str, data: dict[str, Any]) -> tuple[Any, tuple
     table = data.get(key, {})
     if not isinstance(table, dict):
         raise _fail(path, key, "must be a table")
+    for extra in sorted(set(table) - {"patterns", "keywords", "source"}):
+        raise _fail(path, f"{key}.{extra}", "unknown key")
     patterns = _strs(path, table, "patterns", required=True)
     keywords = _strs(path, table, "keywords", required=True)
     _str(path, table, "source")

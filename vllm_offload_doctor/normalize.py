@@ -29,6 +29,8 @@ _OUTER = re.compile(
       | \[pod/[^\]]+\]\s+                                                          # kubectl --prefix
       | (?:stdout|stderr)\ [FP]\                                                   # CRI (containerd) file
       | >\ ?                                                                       # quoted paste
+      | \d{1,4}:\                                                                 # srun --label task id
+      | \[\d{1,5},\d{1,5}\]<(?:stdout|stderr)>:\ ?                                # mpirun --tag-output
       | \d+\.\d+\s+                                                                # seconds offset
     )""",
     re.VERBOSE,
@@ -46,12 +48,22 @@ _UVICORN = re.compile(r"^(?P<level>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?P<msg
 
 # Where a new record starts inside a line whose breaks were lost.
 _EMBEDDED_START = re.compile(
-    r"(?<=\S)\s+(?=(?:\(\w[\w ]*? pid=\d+(?:, ip=[\d.]+)?\)\s*)?"
+    # never between a '(Proc pid=N)' prefix and its own record
+    r"(?<=\S)(?<!\d\))\s+(?=(?:\(\w[\w ]*? pid=\d+(?:, ip=[\d.]+)?\)\s*)?"
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
     r"|Traceback \(most recent call last\)"
-    r"|\(\w[\w ]*? pid=\d+\) )"
+    r"|\(\w[\w ]*? pid=\d+\) "
+    r"|\[rank\d+\]: "
+    # a traceback's frames and its final exception line
+    r"|File \"[^\"\n]{1,400}\", line \d+"
+    r"|(?:[a-z_]\w{0,40}\.){0,6}[A-Z]\w{0,60}(?:Error|Exception): )"
 )
 SPLIT_THRESHOLD = 2048
+# A shorter line is split too when it holds two records, or a traceback with its frames (a short
+# paste whose breaks were lost); one record whose message says 'Traceback' is left whole.
+_RECORD_START = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d")
+_TRACEBACK_WITH_FRAMES = re.compile(r"Traceback \(most recent call last\):?\s.{0,200}?\bFile \"")
+SHORT_SPLIT = 120
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +127,11 @@ def parse(no: int, raw: str) -> Line:
 
 def split_long(raw: str) -> list[str]:
     """Split a line that holds several records (a paste with its line breaks lost)."""
-    if len(raw) < SPLIT_THRESHOLD:
+    if len(raw) < SHORT_SPLIT or (
+        len(raw) < SPLIT_THRESHOLD
+        and len(_RECORD_START.findall(raw, 0, SPLIT_THRESHOLD)) < 2
+        and not _TRACEBACK_WITH_FRAMES.search(raw)
+    ):
         return [raw]
     parts = _EMBEDDED_START.split(raw)
     return [p for p in parts if p]

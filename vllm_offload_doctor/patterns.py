@@ -55,15 +55,13 @@ class Declared:
 
 # Results per text, so a line that repeats (a crash loop prints the same start-up and traceback
 # again and again) is matched once: text -> {pattern: match}. Bounded, and pure.
-_SEARCHED: dict[str, dict[Declared, re.Match[str] | None]] = {}
-_MATCHED: dict[str, dict[Declared, re.Match[str] | None]] = {}
+_SEARCHED: dict[str, dict[Any, Any]] = {}  # text -> {Declared or Bounded: match or None}
+_MATCHED: dict[str, dict[Any, Any]] = {}
 MEMO_TEXTS = 1024
 MEMO_TEXT_LEN = 4096
 
 
-def _memo(
-    memo: dict[str, dict[Declared, re.Match[str] | None]], d: Declared, text: str
-) -> re.Match[str] | None:
+def _memo(memo: dict[str, dict[Any, Any]], d: Declared, text: str) -> re.Match[str] | None:
     results = memo.get(text)
     if results is None:
         if len(text) > MEMO_TEXT_LEN:
@@ -73,7 +71,8 @@ def _memo(
             memo.clear()
         results = memo[text] = {}
     elif d in results:
-        return results[d]
+        known: re.Match[str] | None = results[d]
+        return known
     t = d._gate(text)
     found = None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
     results[d] = found
@@ -194,6 +193,20 @@ class Bounded:
 
     def _run(self, search: bool, text: str, timeout: float | None) -> Any:
         text = text[:MAX_TEXT]
+        memo = _SEARCHED if search else _MATCHED
+        results = memo.get(text)
+        if results is not None and self in results:
+            return results[self]
+        found = self._run_once(search, text, timeout)
+        if len(text) <= MEMO_TEXT_LEN:
+            if results is None:
+                if len(memo) >= MEMO_TEXTS:
+                    memo.clear()
+                results = memo[text] = {}
+            results[self] = found
+        return found
+
+    def _run_once(self, search: bool, text: str, timeout: float | None) -> Any:
         if self._re2 is not None:
             return self._re2.search(text) if search else self._re2.match(text)
         try:

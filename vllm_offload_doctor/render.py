@@ -104,7 +104,7 @@ class Renderer:
         out.append(f"  offload:  {o.status.value} ({req}{got}) — {self._r(o.explanation)}")
         f = a.facts
         bits = [
-            f"vLLM {f.vllm_version or '?'}",
+            f"vLLM {f.vllm_version or 'version not in the log'}",
             f"runner {f.model_runner}",
             f"model loading {f.model_loading_gib:g} GiB"
             if f.model_loading_gib is not None

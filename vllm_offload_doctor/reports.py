@@ -40,11 +40,16 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("offload-doctor compare", re.compile(r"^\[\d+/\d+ offload [\d.]+ GiB\] ")),
     ("offload-doctor compare", re.compile(r"^(?:Verdict: (?:OK|IGNORED|FAILED|INCONCLUSIVE)\b|Artifacts: /|  (?:Fix|See|Note): )")),
     ("offload-doctor compare", re.compile(
-        r"^(?:status|vLLM version|model runner|startup|offloader|CPU offloaded \(log\)|Model loading took"
+        r"^(?:\| )?(?:status|vLLM version|model runner|startup|offloader|CPU offloaded \(log\)|Model loading took"
         r"|KV cache(?: tokens)?|GPU used \(device\)|GPU \(process tree\)|host RSS \(tree\)|latency \w+"
-        r"|tokens/s|TTFT median|ITL median|requests ok|answers|\S+ (?:offloaded|loading)) {2,}\S"
+        r"|tokens/s|TTFT median|ITL median|requests ok|answers|\S+ (?:offloaded|loading))(?: {2,}| \| )\S"
     )),
     ("offload-doctor compare", re.compile(r"^ {8,}offload [\d.]+ GiB {2,}offload [\d.]+ GiB")),
+    # report.md
+    ("offload-doctor compare", re.compile(
+        r"^(?:\*\*Verdict: `\w+`\*\* - |## (?:Side by side|Setup|Commands)$|\|  \| offload [\d.]+ GiB \|"
+        r"|- offload [\d.]+ GiB \(log `|- (?:model|requests|environment|tensor parallel size)\b.*(?:`|stream=|per GPU))"
+    )),
     ("offload-doctor compare", re.compile(r"^# (?:offload-doctor compare|environment passed|offload [\d.]+ GiB$)|^# {3}[A-Z][A-Z0-9_]*=")),
     ("offload-doctor analyze", re.compile(r"^  (?:verdict|offload|facts|remedy|link|also|note): +\S|^  (?:evidence|most relevant lines):$|^  next step: ")),
     ("offload-doctor analyze", re.compile(r"^counts: (?:[a-z_]+ \d+(?:, )?)+$|^file {2,}category {2,}offload {2,}summary$")),
@@ -74,6 +79,7 @@ _COLLECT_ENV_TAIL = re.compile(
     r"|^[A-Z][A-Z0-9_]{2,}=\S*$|^=+$|^ *(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|vLLM"
     r"|Environment Variables) Info *$|^ *Versions of relevant libraries *$"
 )
+_COMPARE_COMMAND = re.compile(r"^\s*`?(?:vllm serve|python3? -m vllm\.entrypoints)\b")
 _CHECK_ROW = r"^(?:\[[✓✗!]\] |\| \S+ ?\w+ \| )"
 
 _FACTS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -125,9 +131,9 @@ class Reports:
             self._after = line.no + 1
         return kind
 
-    def state(self, no: int) -> tuple[bool, bool]:
+    def state(self, no: int) -> tuple[bool, bool, bool]:
         """What, besides its text, decides whether line `no` is read as a pasted report."""
-        return (self._collect_env, self._after == no)
+        return (self._collect_env, self._after == no, "offload-doctor compare" in self.kinds)
 
     def _kind(self, no: int, text: str) -> str | None:
         if no == self._after and text.startswith("  "):
@@ -137,6 +143,8 @@ class Reports:
         for kind, rx in _SHAPES:
             if rx.search(text):
                 return kind
+        if "offload-doctor compare" in self.kinds and _COMPARE_COMMAND.match(text):
+            return "offload-doctor compare"  # the commands compare ran, not this log's
         if self._collect_env and _COLLECT_ENV_TAIL.search(text):
             return "vllm collect-env"
         return None

@@ -90,6 +90,7 @@ CONDITION_FACTS = frozenset(
         "progressed",
         "gpu_free_fraction",
         "fatal_after_ready",
+        "engine_dead_after_ready",
         "copy_offload",
         "serving_setup",
         "kv_tokens",

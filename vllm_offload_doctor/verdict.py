@@ -104,6 +104,9 @@ def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
         )
     else:
         summary += "; the usual cause is the kernel's OOM killer (host RAM or the container limit)"
+    kv = kv_offload_in(facts)
+    if kv is not None:
+        summary += f"; KV-cache offloading ({kv}) also keeps its blocks in pinned host RAM"
     return Verdict(
         Category.UNKNOWN,
         None,
@@ -155,3 +158,21 @@ def first_cause(findings: list[Finding]) -> list[Finding]:
         if f.category.value.startswith("oom") and f.evidence and f.evidence[0].line < dist_line:
             return [f, *findings[:i], *findings[i + 1 :]]
     return findings
+
+
+def not_survived(
+    findings: list[Finding], ready_line: int | None, max_evidence: int
+) -> list[Finding]:
+    """Drop what the server lived through: an error logged before it became ready (a retried
+    download, a warning quoting an import error) did not stop it. An ignored offload stays, and
+    so does a finding whose evidence list is full (a later match may lie after readiness)."""
+    if ready_line is None:
+        return findings
+    return [
+        f
+        for f in findings
+        if f.category is Category.OFFLOAD_IGNORED
+        or not f.evidence
+        or len(f.evidence) >= max_evidence
+        or any(e.line >= ready_line for e in f.evidence)
+    ]
