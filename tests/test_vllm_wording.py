@@ -114,6 +114,17 @@ FAILURES = [
     ("oom_gpu_util", "OOM001", "[rank0]: AssertionError: Error in memory profiling. Initial used memory 16219373568, currently used memory 15947792384. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance."),
     ("oom_gpu_util", "OOM001", "AssertionError: Error in memory profiling. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance."),
     ("oom_gpu_util", "OOM001", "(EngineCore pid=5) ERROR 01-02 03:04:05 [core.py:1190] AssertionError: Error in memory profiling. Initial free memory 70.12 GiB, current free memory 71.5 GiB. This happens when other processes sharing the same container release GPU memory while vLLM is profiling during initialization. To fix this, ensure consistent GPU memory allocation or isolate vLLM in its own container."),
+    # OOM008: auto-fit 0.14.0-0.33.0
+    ("oom_kv_cache", "OOM008", "(EngineCore_DP0 pid=4177) ERROR 11-05 21:11:19 [core.py:843] ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. Try increasing `gpu_memory_utilization`."),
+    # OOM009: external weights 0.32.0-0.33.0
+    ("oom_gpu_util", "OOM009", "(EngineCore pid=812) ERROR 01-15 16:20:23 [core.py:1190] ValueError: Externally held weights on device cuda:0 (66.31/79.19 GiB) exceed the desired GPU memory utilization (0.5, 39.6 GiB). Increase GPU memory utilization or reduce GPU memory used by other processes."),
+    # ARG002: plain (<= 0.9) and inside pydantic's ValidationError (VllmConfig, later versions)
+    ("bad_args", "ARG002", "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3)."),
+    ("bad_args", "ARG002", "(APIServer pid=1)   Value error, Total number of attention heads (28) must be divisible by tensor parallel size (8). [type=value_error, input_value=ArgsKwargs((), {'model_co...}), input_type=ArgsKwargs]"),
+    ("bad_args", "ARG002", "ValueError: Total number of hidden layers (30) must be divisible by pipeline parallel size (4)."),
+    # DL002: no weight files 0.4.1-0.33.0, safetensors-only loaders 0.6.6-0.33.0
+    ("model_download", "DL002", "RuntimeError: Cannot find any model weights with `/data/models/Qwen2.5-7B-Instruct`"),
+    ("model_download", "DL002", "(EngineCore pid=3) ERROR 01-02 03:04:05 [core.py:1190] RuntimeError: Cannot find any safetensors model weights with `/models/llama`"),
     # DL001 through the exception map: 'Invalid repository ID or local directory' 0.8.0-0.33.0
     ("model_download", "DL001", "(APIServer pid=7) ValueError: Invalid repository ID or local directory specified: '/models/Llama-3.1-8B-Instruct'."),
 ]
@@ -153,3 +164,13 @@ def test_jinja_errors_after_vllm_compile_message_are_tokenizer_template() -> Non
         ]
     )
     assert a.verdict.category.value == "tokenizer_template"
+
+
+def test_auto_fit_reduced_is_no_failure() -> None:
+    a = analyze_lines(
+        [
+            "(EngineCore pid=3398) INFO 11-08 07:46:30 [kv_cache_utils.py:2477] Auto-fit max_model_len: reduced from 40960 to 36000 to fit in available KV cache memory (8.79 GiB GPU)",
+            "(EngineCore pid=3398) INFO 11-08 07:45:31 [utils.py:751] Weights are held outside this process: of the 75.23 GiB utilization budget, 66.31 GiB is externally held and 8.92 GiB remains for the engine's own allocations.",
+        ]
+    )
+    assert a.findings == ()
