@@ -127,6 +127,11 @@ FAILURES = [
     ("model_download", "DL002", "(EngineCore pid=3) ERROR 01-02 03:04:05 [core.py:1190] RuntimeError: Cannot find any safetensors model weights with `/models/llama`"),
     # DL001 through the exception map: 'Invalid repository ID or local directory' 0.8.0-0.33.0
     ("model_download", "DL001", "(APIServer pid=7) ValueError: Invalid repository ID or local directory specified: '/models/Llama-3.1-8B-Instruct'."),
+    # TOK001: chat-template path errors (0.5.3-0.33.0), a tokenizer without a template (0.14.0-0.33.0)
+    ("tokenizer_template", "TOK001", "(APIServer pid=1) ValueError: The supplied chat template string (templates/llama3.jinja) appears path-like, but doesn't exist! Tried: templates/llama3.jinja and /usr/local/lib/python3.12/dist-packages/vllm/transformers_utils/chat_templates/templates/llama3.jinja"),
+    ("tokenizer_template", "TOK001", "(APIServer pid=1) vllm.exceptions.VLLMValidationError: The supplied chat template (./tpl.jinja) looks like a file path, but it failed to be opened. Tried: ./tpl.jinja and /usr/lib/python3/dist-packages/vllm/transformers_utils/chat_templates/tpl.jinja. Reason: [Errno 21] Is a directory: './tpl.jinja'"),
+    ("tokenizer_template", "TOK001", "FileNotFoundError: the supplied chat template path doesn't exist"),
+    ("tokenizer_template", "TOK001", "(APIServer pid=1) ValueError: No chat template available. Provide `chat_template` explicitly."),
 ]
 
 
