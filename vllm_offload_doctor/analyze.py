@@ -471,7 +471,7 @@ def _kv_numbers(facts: Facts) -> dict[str, Any]:
     if facts.kv_cache_gib is not None and facts.kv_cache_gib < 0:
         why.append(f"the KV cache budget is negative ({facts.kv_cache_gib:g} GiB)")
     if facts.gpu_blocks == 0:
-        why.append("'# GPU blocks: 0'")
+        why.append("0 KV cache blocks on the GPU")
     elif tokens is not None and facts.max_model_len and tokens < facts.max_model_len:
         held = (
             f"{facts.gpu_blocks} blocks x {block} tokens = {tokens}"

@@ -75,7 +75,10 @@ _PREFETCH = declare(
     "[PrefetchOffloader]",
 )
 _LOADING = declare(r"^Model loading took (?P<g>-?[\d.]+) GiB(?P<mem> memory)? and", "Model loading took")
-_LOADING_OLD = declare(r"^Loading model weights took (?P<g>[\d.]+) GB", "Loading model weights took")
+# 'GB' up to 0.8.2 (V0 'Loading model weights took' <=0.7.3, 'Model loading took ... GB and' 0.8.0-0.8.2).
+_LOADING_OLD = declare(
+    r"^(?:Loading model weights|Model loading) took (?P<g>[\d.]+) Gi?B\b", "Loading model weights took", "Model loading took"
+)
 _KV_MEM = declare(r"^Available KV cache memory: (?P<g>-?[\d.]+) GiB", "Available KV cache memory")
 _KV_TOK = declare(r"KV cache size: (?P<t>[\d,]+) tokens", "KV cache size: ")
 _KV_OLD = declare(
@@ -120,7 +123,14 @@ _SHUTDOWN = declare(
 )
 # Python tracebacks, faulthandler dumps (no comma before "in") and frames whose start was cut off.
 _FRAME = declare(r'(?:^|File ")(?P<path>[^"]*)"?, line \d+,? in (?P<fn>[\w<>]+)', ", line ")
-_GPU_BLOCKS = declare(r"# (?:GPU|gpu|cuda) blocks: (?P<n>\d+)", "# GPU blocks", "# gpu blocks", "# cuda blocks")
+# V0 names the platform: '# GPU blocks' <=0.6.6, '# CUDA blocks' (dispatch key) 0.7.0-0.7.2, '# cuda blocks'
+# or '# rocm blocks' (device name) 0.7.3-0.11.0.
+_GPU_BLOCKS = declare(
+    r"# (?:gpu|cuda|rocm|xpu|tpu|hpu) blocks: (?P<n>\d+)",
+    *("# gpu blocks", "# cuda blocks", "# rocm blocks", "# xpu blocks", "# tpu blocks", "# hpu blocks"),
+    icase=True,
+    flags=re.I,
+)
 # The engine ran requests: V0/V1 throughput lines, an offline run's prompt progress past zero.
 _ENGINE_RUNNING = declare(
     r"Avg prompt throughput: [\d.]+ tokens/s|^Processed prompts:\s+\d+%.*?\b[1-9]\d*/\d+ \[",
@@ -231,8 +241,10 @@ PHASE_TABLE: tuple[tuple[str | None, str, Declared], ...] = (
         "kv_cache",
         "KV cache",
         declare(
-            r"^(?:Available KV cache memory|GPU KV cache size|# GPU blocks|# cpu blocks)",
-            *("available kv cache memory", "gpu kv cache size", "# gpu blocks", "# cpu blocks"),
+            # The pool is 'GPU' up to 0.29, then the device ('GPU', 'XPU', 'GPU + host').
+            r"^(?:Available KV cache memory|[A-Z]+(?: \+ host)? KV cache size: |# (?:gpu|cuda|rocm|xpu|tpu|hpu|cpu) blocks)",
+            *("available kv cache memory", "kv cache size: ", "# gpu blocks", "# cpu blocks", "# cuda blocks"),
+            *("# rocm blocks", "# xpu blocks", "# tpu blocks", "# hpu blocks"),
             icase=True,
             flags=re.I,
         ),
