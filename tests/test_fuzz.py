@@ -333,16 +333,20 @@ def _outcome(a: Analysis) -> tuple[str, str, tuple[str, ...]]:
             tuple(sorted(f.rule_id for f in a.findings)))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(range(len(SEED_LOGS))), st.sampled_from(sorted(COLLECTORS)),
-       st.booleans())
-def test_verdict_stable_under_collector_prefix_and_crlf(seed: int, collector: str,
-                                                         crlf: bool) -> None:
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(range(len(SEED_LOGS))),
+       st.lists(st.sampled_from(sorted(COLLECTORS)), min_size=1, max_size=2),
+       st.sampled_from(["\n", "\r\n", "mixed"]))
+def test_verdict_stable_under_collector_prefix_and_crlf(seed: int, collectors: list[str],
+                                                         ends: str) -> None:
+    # Collectors stack (kubectl timestamps over compose); CRLF on every line or every other.
     name, lines = SEED_LOGS[seed]
-    prefix = COLLECTORS[collector]
-    end = "\r\n" if crlf else "\n"
     plain = ENGINE.analyze_lines([line + "\n" for line in lines], name=name)
-    changed = "".join(prefix(i) + line + end for i, line in enumerate(lines)).encode()
+    changed = "".join(
+        "".join(COLLECTORS[c](i) for c in collectors) + line
+        + (("\r\n" if i % 2 else "\n") if ends == "mixed" else ends)
+        for i, line in enumerate(lines)
+    ).encode()
     again = analyze_bytes(changed)
     assert again is not None
-    assert _outcome(again) == _outcome(plain), (name, collector, crlf)
+    assert _outcome(again) == _outcome(plain), (name, collectors, ends)

@@ -20,7 +20,13 @@ JSON / Python-repr pairs and `--option value` pairs whose key names a secret, `A
 and `Bearer` values, known token prefixes (Hugging Face, GitHub, OpenAI, Slack, AWS, GitLab,
 Google, Stripe), JWTs, and long high-entropy base64 runs. Every pattern runs under RE2 (an
 automaton: linear in the input whatever the input; no backtracking), on lines the reader has
-already capped at 256 KiB.
+already capped at 256 KiB. A line with more than MAX_PLACES matches of one pattern (a crafted
+or junk line) keeps its first MAX_PLACES masked places and loses the rest to CROWDED: the
+cost per line stays bounded and nothing after the cap can leak.
+
+Compare (and anything that saves files) should pass every argv through `scrub_argv`, every
+environment through `scrub_env`, every free text through `scrub_text`, every record through
+`scrub_data`, and every saved server log through `scrub_file(path)` before it is kept.
 """
 
 from __future__ import annotations
