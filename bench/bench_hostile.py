@@ -78,7 +78,7 @@ def _compiled(value: Any) -> bool:
 def _module_patterns(mod: Any, skip: set[int]) -> list[tuple[str, Any]]:
     out = []
     for name, value in vars(mod).items():
-        items = value if isinstance(value, (tuple, list)) else (value,)
+        items = value if isinstance(value, tuple | list) else (value,)
         for i, item in enumerate(items):
             for sub in item if isinstance(item, tuple) else (item,):
                 if isinstance(sub, type) or id(sub) in skip:

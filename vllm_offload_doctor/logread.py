@@ -175,7 +175,7 @@ class _Decompressed:
         elif head.startswith(BZ2_MAGIC):
             self.dec = bz2.BZ2File(self.counted)
         elif head.startswith(XZ_MAGIC):
-            self.dec = lzma.LZMAFile(self.counted)  # type: ignore[arg-type]  # noqa: SIM115
+            self.dec = lzma.LZMAFile(self.counted)  # type: ignore[arg-type]  # noqa: SIM115, RUF100
         else:
             try:
                 from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+

@@ -380,7 +380,7 @@ def scrub_data(value: Any) -> Any:
             k: (MASK if is_secret_name(str(k)) and value_is_set(v) else scrub_data(v))
             for k, v in value.items()
         }
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list | tuple):
         if value and all(isinstance(v, dict) and isinstance(v.get("text"), str) for v in value):
             texts = scrub_lines(v["text"] for v in value)  # consecutive evidence lines
             return [{**scrub_data(v), "text": t} for v, t in zip(value, texts, strict=True)]
