@@ -170,12 +170,13 @@ class _Decompressed:
         self.out = 0
         self.stop: str | None = None
         self.dec: Any
+        counted: Any = self.counted  # a readable file object; typeshed's overloads differ by version
         if head.startswith(GZIP_MAGIC):
-            self.dec = gzip.GzipFile(fileobj=self.counted, mode="rb")
+            self.dec = gzip.GzipFile(fileobj=counted, mode="rb")
         elif head.startswith(BZ2_MAGIC):
-            self.dec = bz2.BZ2File(self.counted)
+            self.dec = bz2.BZ2File(counted)
         elif head.startswith(XZ_MAGIC):
-            self.dec = lzma.LZMAFile(self.counted)  # type: ignore[arg-type]  # noqa: SIM115, RUF100
+            self.dec = lzma.LZMAFile(counted)  # noqa: SIM115, RUF100
         else:
             try:
                 from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+

@@ -153,15 +153,16 @@ def _bearer(m: Any) -> str:
 
 
 def _key(m: Any) -> str:
-    key, value = m.group(1, 2)
+    key: str = str(m.group(1))
+    value: str = str(m.group(2))
     first = value[0]
     if first == "[" and value[-1] == "]":
-        return str(key) + (value if not value[1:-1].strip() else f"['{MASK}']")
+        return key + (value if not value[1:-1].strip() else f"['{MASK}']")
     if first in "'\"":
         close = first if len(value) > 1 and value[-1] == first else ""
         inner = value[1 : len(value) - len(close)]
-        return str(key) + (value if _harmless(inner) else f"{first}{MASK}{close}")
-    return str(key) + (value if _harmless(value) else MASK)
+        return key + (value if _harmless(inner) else f"{first}{MASK}{close}")
+    return key + (value if _harmless(value) else MASK)
 
 
 def _blob(m: Any) -> str:
