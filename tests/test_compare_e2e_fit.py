@@ -216,6 +216,7 @@ def test_out_holding_a_report_is_refused_then_forced_clean(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "run"
     assert (out / "mode-1.log").exists()
+    assert not (out / ".offload-doctor.lock").exists()  # a finished run leaves no lock behind
     marker = uuid.uuid4().hex
     again = subprocess.run(
         _argv(out, free_port()),
@@ -252,6 +253,27 @@ def test_out_in_use_by_another_run_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "in use by another offload-doctor run (pid 424242)" in proc.stderr
     assert not (out / "report.json").exists()
+
+
+def test_the_lock_is_held_during_the_run_and_removed_after_it(tmp_path: Path) -> None:
+    from vllm_offload_doctor.compare.artifacts import LOCK_NAME, claim
+    from vllm_offload_doctor.errors import DoctorError
+
+    out = tmp_path / "run"
+    with claim(out, force=False):
+        assert (out / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+        with (
+            pytest.raises(DoctorError, match="in use by another offload-doctor run"),
+            claim(out, force=False),
+        ):
+            pass
+        assert (out / LOCK_NAME).exists()  # the refused run leaves the holder's lock alone
+    assert not (out / LOCK_NAME).exists()
+    with pytest.raises(KeyboardInterrupt), claim(out, force=False):
+        raise KeyboardInterrupt
+    assert not (out / LOCK_NAME).exists()
+    with claim(out, force=False):  # and the folder can be claimed again
+        assert (out / LOCK_NAME).exists()
 
 
 def test_default_out_folders_are_unique_within_a_second() -> None:

@@ -109,22 +109,13 @@ def default_out_dir(base: Path = Path("offload-doctor-runs")) -> Path:
 
 @contextlib.contextmanager
 def claim(out: Path, *, force: bool) -> Iterator[None]:
-    """Hold the folder for this run (flock: released even if we are killed)."""
+    """Hold the folder for this run (flock: released even if we are killed).
+
+    The lock file is removed when the run ends however it ends (a SIGKILL leaves the file, but
+    not the lock, so the next run proceeds).
+    """
+    lock = _lock(out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise WriteError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
-    lock: IO[str] = os.fdopen(fd, "r+")
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = lock.read().strip() or "?"
-            raise DoctorError(
-                f"--out {out} is in use by another offload-doctor run (pid {holder}); "
-                "give each run its own --out"
-            ) from None
         if (out / "report.json").exists():
             if not force:
                 raise DoctorError(
@@ -141,7 +132,41 @@ def claim(out: Path, *, force: bool) -> Iterator[None]:
             raise WriteError(f"cannot write to --out {out}: {exc.strerror or exc}") from exc
         yield
     finally:
+        # Unlinked while still held: a run that opened it a moment ago finds it held and stops,
+        # and one that locks it after we close sees it is no longer the folder's lock.
+        with contextlib.suppress(OSError):
+            (out / LOCK_NAME).unlink()
         lock.close()
+
+
+def _lock(out: Path) -> IO[str]:
+    """The folder's lock file, open and locked by us; DoctorError when another run holds it."""
+    path = out / LOCK_NAME
+    for _ in range(10):
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise WriteError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
+        lock: IO[str] = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = lock.read().strip() or "?"
+            lock.close()
+            raise DoctorError(
+                f"--out {out} is in use by another offload-doctor run (pid {holder}); "
+                "give each run its own --out"
+            ) from None
+        try:
+            held = os.fstat(fd)
+            now = os.stat(path)
+        except OSError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return lock
+        lock.close()  # the run that held it removed it as we locked it: take the new one
+    raise DoctorError(f"--out {out}: could not take its lock; give each run its own --out")
 
 
 def clear_known(out: Path) -> None:
