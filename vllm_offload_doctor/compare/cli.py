@@ -172,8 +172,8 @@ def compare(
 
     \b
     Everything after `--` goes unchanged to every `vllm serve`, e.g.
-      offload-doctor compare -- --tensor-parallel-size 2
-    (--max-model-len and --served-model-name there count as compare's own; an
+      offload-doctor compare -- --enforce-eager --kv-cache-dtype fp8
+    (--max-model-len, --served-model-name and -tp there count as compare's own; an
     --api-key there or VLLM_API_KEY is sent as `Authorization: Bearer`.)
     The environment (e.g. VLLM_USE_V2_MODEL_RUNNER=0) passes through unchanged.
 
