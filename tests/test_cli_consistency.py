@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -26,6 +27,7 @@ from vllm_offload_doctor.rules import load_rules
 ROOT = Path(__file__).resolve().parent.parent
 IGNORED_LOG = ROOT / "fixtures/logs/offload-ignored-v2-0.25.1.log"
 ANSI = re.compile(r"\x1b\[")
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -114,6 +116,97 @@ def test_every_analyze_format_renders_one_and_several_logs(fmt: OutputFormat) ->
         code, out = invoke("analyze", "--format", fmt.value, *map(str, paths))
         assert code == 1, out  # a failure diagnosed
         assert "offload_ignored" in out
+
+
+def test_compare_format_choices_are_its_renderer_registry() -> None:
+    from vllm_offload_doctor.compare.cli import compare
+    from vllm_offload_doctor.compare.render import RENDERERS as COMPARE_RENDERERS
+
+    option = next(p for p in compare.params if p.name == "fmt")
+    assert isinstance(option.type, click.Choice)
+    assert list(COMPARE_RENDERERS) == [OutputFormat(c) for c in option.type.choices]
+
+
+class _FinishedRun:
+    """compare's run replaced by a finished one (a real H200 report): the CLI alone is tested."""
+
+    def __init__(self, cfg: object, progress: object = None) -> None:
+        from vllm_offload_doctor.compare.model import CompareReport
+
+        self.cfg = cfg
+        self.report = CompareReport.from_dict(json.loads(GOLDEN_COMPARE.read_text()))
+
+    def execute(self) -> int:
+        return 0
+
+
+GOLDEN_COMPARE = ROOT / "fixtures/h200-compare/v1-runner/report.json"
+
+
+def invoke_compare(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    import vllm_offload_doctor.compare.run as compare_run
+
+    monkeypatch.setattr(compare_run, "CompareRun", _FinishedRun)
+    for name in ("NO_COLOR", "FORCE_COLOR", "CLICOLOR_FORCE", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    return invoke(
+        "compare", "--vllm-cmd", sys.executable, "--out", str(tmp_path / "run"), *args
+    )
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
+def test_every_compare_format_renders_through_the_cli(
+    fmt: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    code, out = invoke_compare(monkeypatch, tmp_path, "--format", fmt)
+    assert code == 0
+    title = json.loads(GOLDEN_COMPARE.read_text())["verdict"]["title"]
+    assert title in (json.loads(out)["verdict"]["title"] if fmt == "json" else out)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "coloured"),
+    [
+        (["--color"], {"NO_COLOR": "1"}, True),
+        (["--no-color"], {"FORCE_COLOR": "1"}, False),
+        ([], {"FORCE_COLOR": "1"}, True),
+        ([], {"CLICOLOR_FORCE": "1"}, True),
+        ([], {"FORCE_COLOR": "1", "NO_COLOR": "1"}, False),
+        ([], {"TERM": "dumb"}, False),
+        ([], {}, False),  # not a terminal
+        (["--color", "--format", "json"], {}, False),  # only text is coloured
+    ],
+)
+def test_compare_colour_follows_the_same_rules(
+    args: list[str],
+    env: dict[str, str],
+    coloured: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    out = invoke_compare(monkeypatch, tmp_path, *args, env=env)[1]
+    assert bool(ANSI.search(out)) is coloured
+    if coloured:  # the verdict line, through the one painting path
+        verdict = next(line for line in out.splitlines() if "Verdict:" in line)
+        assert verdict == paint(ANSI_CODES.sub("", verdict), "green", "bold")
+
+
+def test_compare_takes_tensor_parallel_size_like_vllm(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    base = ["compare", "--vllm-cmd", sys.executable, "--out", str(out), "--dry-run"]
+    code, text = invoke(*base, "-tp", "2")
+    assert code == 0 and "--tensor-parallel-size 2" in text
+    code, text = invoke(*base, "--tensor-parallel-size", "2", "--", "-tp", "2")
+    assert code == 0 and " -tp 2" in text and "--tensor-parallel-size" not in text  # given once
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_offload_doctor", *base, "-tp", "2", "--", "-tp", "4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "-tp 4 after `--` contradicts" in proc.stderr
 
 
 def test_analyze_has_no_dead_format_enum() -> None:

@@ -235,6 +235,7 @@ def test_port_busy_names_holder(tmp_path: Path) -> None:
     assert kill_marked(marker) == []
     assert proc.returncode == 2
     assert "in use" in proc.stderr and str(os.getpid()) in proc.stderr
+    assert not (tmp_path / "run" / ".offload-doctor.lock").exists()  # an error ends the run too
 
 
 def test_dry_run_prints_reference_commands(tmp_path: Path) -> None:
@@ -323,3 +324,4 @@ def test_interrupt_cleans_up_and_keeps_partial_report(
     assert mode(report, "0.5")["status"] == "interrupted"
     assert (out / "mode-0.5.log").exists() and (out / "report.md").exists()
     assert "partial report" in stderr
+    assert not (out / ".offload-doctor.lock").exists()

@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from planted_secrets import PLACES, SELF_EVIDENT, leaks, planted_line
+from planted_secrets import SECRETS as PLANTED
 from test_compare_e2e import (
     _argv,
     _env,
@@ -157,19 +159,67 @@ SECRETS = {
 }
 
 
-def test_planted_secrets_never_reach_an_artifact(tmp_path: Path) -> None:
+def _planted_log() -> str:
+    """What a server may echo: every planted kind in a place, the self-evident ones bare too,
+    a PEM block over several lines and an Authorization header."""
+    lines = [
+        f"WARNING 11-29 15:14:25 [hub.py:1] retrying: {planted_line(kind, PLACES[i % len(PLACES)])}"
+        for i, kind in enumerate(PLANTED)
+    ]
+    lines += [f"INFO 11-29 15:14:25 [hub.py:2] cached {planted_line(k, None)}" for k in SELF_EVIDENT]
+    lines += [
+        "INFO 11-29 15:14:25 [hub.py:3] key file:",
+        "-----BEGIN PRIVATE KEY-----",
+        PLANTED["pem_body"],
+        "-----END PRIVATE KEY-----",
+        f"DEBUG 11-29 15:14:25 [hub.py:4] headers: Authorization: Bearer {PLANTED['bearer']}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+_PEM = f"-----BEGIN PRIVATE KEY-----\n{PLANTED['pem_body']}\n-----END PRIVATE KEY-----"
+PLANTED_ARGV = [
+    "--api-key", PLANTED["api_key_arg"],
+    f"--hf-token={PLANTED['hf_token']}",
+    "--github-token", PLANTED["github_classic"],
+    "--model-loader-extra-config",
+    json.dumps({
+        "aws_access_key_id": PLANTED["aws_access_key_id"],
+        "aws_secret_access_key": PLANTED["aws_secret_key"],
+        "private_key": _PEM,
+        "id_token": PLANTED["jwt"],
+        "mirror": f"https://mirror-user:{PLANTED['url_password']}@mirror.example/hf",
+        "headers": f"Authorization: Bearer {PLANTED['bearer']}",
+        "note": f"{PLANTED['jwt']} {PLANTED['github_oauth']} {PLANTED['high_entropy_bare']}",
+    }),
+]  # fmt: skip
+PLANTED_ENV = {
+    "HF_TOKEN": PLANTED["hf_token"],
+    "HF_ENDPOINT": f"https://mirror-user:{PLANTED['url_password']}@mirror.example/hf",
+    # Names that say nothing secret: only the shape of the value can give it away.
+    "VLLM_DEBUG_TAG": PLANTED["github_classic"],
+    "NCCL_DEBUG_NOTE": f"id {PLANTED['aws_access_key_id']} jwt {PLANTED['jwt']}",
+    "TORCH_EXTRA_HEADERS": f"Authorization: Bearer {PLANTED['bearer']}",
+    "TRANSFORMERS_NOTE": _PEM,
+    "CUDA_NOTE": f"password: {PLANTED['json_password']}",
+}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
+def test_planted_secrets_never_reach_an_artifact(tmp_path: Path, fmt: str) -> None:
+    extra_log = tmp_path / "server-says.txt"
+    extra_log.write_text(_planted_log())
     proc, report = run_compare(
         tmp_path,
         "effective",
         "--format",
-        "json",
+        fmt,
+        "--model",
+        f"https://u:{PLANTED['url_password']}@mirror.example.com/m",
         "--",
-        "--api-key",
-        SECRETS["api_key"],
-        "--hf-token",
-        SECRETS["hf_token"],
-        HF_ENDPOINT=f"https://mirror-user:{SECRETS['url_password']}@mirror.example/hf",
-        HF_TOKEN=SECRETS["env_token"],
+        *PLANTED_ARGV,
+        FAKE_VLLM_EXTRA_LOG=str(extra_log),
+        **PLANTED_ENV,
     )
     assert proc.returncode == 0, proc.stderr  # the key was sent as Authorization: Bearer
     out = tmp_path / "run"
@@ -177,16 +227,31 @@ def test_planted_secrets_never_reach_an_artifact(tmp_path: Path) -> None:
     assert {"report.json", "report.md", "commands.txt", "mode-0.log", "mode-0.5.log"} <= set(names)
     # The server really logged them (as vLLM does): the saved copies must not.
     assert "api_key" in (out / "mode-0.log").read_text()
+    assert "retrying:" in (out / "mode-0.log").read_text()
     texts = {p.name: p.read_text(errors="replace") for p in out.iterdir() if p.is_file()}
     texts["stdout"], texts["stderr"] = proc.stdout, proc.stderr
     from vllm_offload_doctor.compare.model import CompareReport
-    from vllm_offload_doctor.compare.render import render_markdown, render_text
+    from vllm_offload_doctor.compare.render import RENDERERS
 
     typed = CompareReport.from_dict(report)
-    texts["text"], texts["markdown"] = render_text(typed, str(out)), render_markdown(typed)
-    leaks = [(name, s) for name, text in texts.items() for s in SECRETS.values() if s in text]
-    assert leaks == []
+    texts.update({f"--format {name}": r(typed, str(out)) for name, r in RENDERERS.items()})
+    found = {name: leaks(text) for name, text in texts.items() if leaks(text)}
+    assert found == {}, f"secrets leaked: {found}"
     assert "mirror.example" in texts["commands.txt"]  # the value is kept, only the password masked
+    assert "VLLM_DEBUG_TAG=***" in texts["commands.txt"]
+
+
+def test_dry_run_prints_no_planted_secret(tmp_path: Path) -> None:
+    argv = [
+        *_argv(tmp_path / "run", free_port()), "--dry-run", "--verify-fix",
+        "--model", f"https://u:{PLANTED['url_password']}@mirror.example.com/m",
+        "--", *PLANTED_ARGV,
+    ]  # fmt: skip
+    env = _env("effective", uuid.uuid4().hex, **PLANTED_ENV)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--model-loader-extra-config" in proc.stdout
+    assert leaks(proc.stdout + proc.stderr) == []
 
 
 def test_api_key_from_the_environment_is_sent(tmp_path: Path) -> None:
@@ -216,6 +281,7 @@ def test_out_holding_a_report_is_refused_then_forced_clean(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "run"
     assert (out / "mode-1.log").exists()
+    assert not (out / ".offload-doctor.lock").exists()  # a finished run leaves no lock behind
     marker = uuid.uuid4().hex
     again = subprocess.run(
         _argv(out, free_port()),
@@ -252,6 +318,27 @@ def test_out_in_use_by_another_run_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "in use by another offload-doctor run (pid 424242)" in proc.stderr
     assert not (out / "report.json").exists()
+
+
+def test_the_lock_is_held_during_the_run_and_removed_after_it(tmp_path: Path) -> None:
+    from vllm_offload_doctor.compare.artifacts import LOCK_NAME, claim
+    from vllm_offload_doctor.errors import DoctorError
+
+    out = tmp_path / "run"
+    with claim(out, force=False):
+        assert (out / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+        with (
+            pytest.raises(DoctorError, match="in use by another offload-doctor run"),
+            claim(out, force=False),
+        ):
+            pass
+        assert (out / LOCK_NAME).exists()  # the refused run leaves the holder's lock alone
+    assert not (out / LOCK_NAME).exists()
+    with pytest.raises(KeyboardInterrupt), claim(out, force=False):
+        raise KeyboardInterrupt
+    assert not (out / LOCK_NAME).exists()
+    with claim(out, force=False):  # and the folder can be claimed again
+        assert (out / LOCK_NAME).exists()
 
 
 def test_default_out_folders_are_unique_within_a_second() -> None:

@@ -18,6 +18,22 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
+def test_every_repo_path_the_readme_names_exists() -> None:
+    paths = set(re.findall(r"`((?:rules|fixtures|tests|scripts|bench)/[^`<\s]+)`", README))
+    assert "fixtures/h200-compare/needs-offload-README.md" in paths
+    assert [p for p in sorted(paths) if not (ROOT / p).exists()] == []
+
+
+def test_readme_shows_compare_for_a_model_that_does_not_fit() -> None:
+    section = README.split("**`offload-doctor compare`**", 1)[1].split("**`offload-doctor analyze", 1)[0]
+    for words in ("needs offload", "--verify-fix", "`ignored`", "`effective`", "needs-offload"):
+        assert words in section, words
+    # the fake-vllm recipe uses scenarios the fake knows
+    fake = (ROOT / "tests" / "fake-vllm").read_text()
+    for scenario in set(re.findall(r"FAKE_VLLM_SCENARIO=([\w-]+)", section)):
+        assert f"    {scenario}" in fake, scenario
+
+
 def test_where_things_live_names_files_that_exist() -> None:
     table = README.split("### Where things live", 1)[1].split("###", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]

@@ -332,3 +332,56 @@ def test_symlink_to_a_regular_rule_file_loads(tmp_path: Path) -> None:
     rules.mkdir()
     (rules / "USR001.toml").symlink_to(target)
     assert "USR001" in {r.id for r in load_rules([rules])}
+
+
+# A back-reference RE2 cannot take: `regex` runs it under the match timeout, and on a long line
+# (cubic here) it gives up. The analysis must say so instead of silently not matching.
+SLOW_RULE = _rule_text(
+    id="SLOW001", keywords=["slowrule"], patterns=[r"slowrule (.*)(.*)\1\2Z"], precedence=99
+)
+
+
+def _slow_log(tmp_path: Path, words: int) -> Path:
+    log = tmp_path / "slow.log"
+    log.write_text(
+        HEALTHY_LOG.read_text()
+        + "(APIServer pid=17) ERROR 11-29 15:14:25 [x.py:1] slowrule "
+        + "word " * words
+        + "end\n"
+    )
+    return log
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "jsonl", "markdown"])
+def test_a_rule_that_times_out_is_named_in_every_format(tmp_path: Path, fmt: str) -> None:
+    from click.testing import CliRunner
+
+    from vllm_offload_doctor.cli import cli
+
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    _write(rules_dir, SLOW_RULE, "SLOW001-slow.toml")
+    log = _slow_log(tmp_path, 20_000)
+    result = CliRunner().invoke(
+        cli, ["analyze", "--rules", str(rules_dir), "--format", fmt, str(log)]
+    )
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    n = HEALTHY_LOG.read_text().count("\n") + 1
+    note = f"rule SLOW001 gave up on line {n} ("
+    assert note in result.output and "its verdict may be missing" in result.output
+    if fmt in ("json", "jsonl"):
+        record = json.loads(result.output.splitlines()[0] if fmt == "jsonl" else result.output)
+        analysis = record.get("results", [record])[0]
+        assert analysis["notes"][0].startswith(note)
+
+
+def test_timeouts_are_counted_per_analysis(tmp_path: Path) -> None:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    _write(rules_dir, SLOW_RULE, "SLOW001-slow.toml")
+    engine = Engine(extra_rule_dirs=[rules_dir])
+    log = _slow_log(tmp_path, 600)  # short enough to be remembered between analyses
+    first, second = engine.analyze_file(log), engine.analyze_file(log)
+    assert len(first.notes) == 1 and first.notes == second.notes
+    assert "SLOW001" in first.notes[0]
+    assert engine.analyze_file(HEALTHY_LOG).notes == ()

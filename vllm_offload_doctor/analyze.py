@@ -34,7 +34,7 @@ from vllm_offload_doctor.patterns import (
     prefilter_words,
     span_finder,
 )
-from vllm_offload_doctor.rules import Rule, load_rules, render_message
+from vllm_offload_doctor.rules import MATCH_TIMEOUT_S, Rule, load_rules, render_message
 
 _EXCEPTION = declare(
     r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
@@ -181,6 +181,7 @@ class _State:
         self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
         self.matched: list[str] = []  # rule ids matched by the line being fed
         self.reports = reports.Reports()
+        self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
         # Dating an undated V2 run: 'Using V2 Model Runner' exists from 0.16; a loading line with
         # four decimals is the %.4f of V1 <=0.11 (or V2 0.12-0.13), two or fewer is format_gib (0.14+).
         self.v2_banner = False
@@ -246,7 +247,9 @@ class _State:
             for rule in self.matching:
                 text = line.text if rule.where == "line" else line.msg
                 if any(k in text for k in rule.keywords):
-                    m = rule.search(text)
+                    m, gave_up = rule.attempt(text)
+                    if gave_up:
+                        self.gave_up.setdefault(rule.id, (line.no, len(text)))
                     if m is not None:
                         found += ((rule, {k: v for k, v in m.groupdict().items() if v}),)
         if len(line.text) <= repeats.MAX_KEY:
@@ -396,6 +399,16 @@ class _State:
             lines_read=lines_read,
             notable=notable,
             error=error,
+            notes=self._timeout_notes(),
+        )
+
+    def _timeout_notes(self) -> tuple[str, ...]:
+        """A rule that gave up on a line may be the missing verdict: say so, never silently."""
+        ms = round(MATCH_TIMEOUT_S * 1000)
+        return tuple(
+            f"rule {rule_id} gave up on line {no} ({chars:,} characters) after {ms} ms; "
+            "its verdict may be missing"
+            for rule_id, (no, chars) in sorted(self.gave_up.items())
         )
 
     def _error_phase(self, line: int | None, context: Sequence[str] = ()) -> str | None:

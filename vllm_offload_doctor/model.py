@@ -152,6 +152,7 @@ class Analysis:
     lines_read: int
     notable: tuple[Evidence, ...] = ()  # most relevant lines when nothing matched
     error: str | None = None  # input problem that still produced a verdict (e.g. truncated gzip)
+    notes: tuple[str, ...] = ()  # what the analysis could not do (a rule that timed out)
 
     @property
     def failed(self) -> bool:

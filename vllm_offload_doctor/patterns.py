@@ -163,15 +163,19 @@ def span_finder(rx: Any) -> Callable[[bytes, int], tuple[int, int] | None]:
 DEFAULT_TIMEOUT_S = 0.05
 
 
+_GAVE_UP = object()  # a remembered give-up: the same text would time out again
+
+
 class Bounded:
     """A rule or knowledge pattern that costs linear time: RE2 when it can express the pattern,
     else `regex` under a timeout. Either way it sees at most MAX_TEXT characters of a line.
 
-    RE2 has no look-around or back-references; the few patterns that need them keep `regex`,
-    whose timeouts are counted in `timeouts`.
+    RE2 has no look-around or back-references; the few patterns that need them keep `regex`.
+    A timeout is never raised: `search`/`match` then find nothing, and `attempt` says it gave up,
+    so the caller can tell its user (per analysis) which pattern was skipped on which line.
     """
 
-    __slots__ = ("_re2", "pattern", "rx", "timeouts")
+    __slots__ = ("_re2", "pattern", "rx")
 
     def __init__(self, pattern: str) -> None:
         import regex
@@ -179,17 +183,22 @@ class Bounded:
         self.pattern = pattern
         self.rx = regex.compile(pattern)  # raises regex.error for the rule file's message
         self._re2 = _re2_compile(pattern)
-        self.timeouts = 0
 
     @property
     def linear(self) -> bool:
         return self._re2 is not None
 
     def search(self, text: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> Any:
-        return self._run(True, text, timeout)
+        return self.attempt(text, timeout)[0]
 
     def match(self, text: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> Any:
-        return self._run(False, text, timeout)
+        found = self._run(False, text, timeout)
+        return None if found is _GAVE_UP else found
+
+    def attempt(self, text: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> tuple[Any, bool]:
+        """(`search`'s match or None, True when it gave up at the timeout)."""
+        found = self._run(True, text, timeout)
+        return (None, True) if found is _GAVE_UP else (found, False)
 
     def _run(self, search: bool, text: str, timeout: float | None) -> Any:
         text = text[:MAX_TEXT]
@@ -213,8 +222,7 @@ class Bounded:
             run = self.rx.search if search else self.rx.match
             return run(text, timeout=timeout)
         except TimeoutError:
-            self.timeouts += 1  # counted, never raised: a clue or rule is then missing, not the run
-            return None
+            return _GAVE_UP  # a clue or rule is then missing, not the run
 
     def __repr__(self) -> str:
         return f"Bounded({self.pattern!r}, re2={self.linear})"

@@ -132,6 +132,7 @@ class Renderer:
             out.append(f"  next step: {v.remedy}")
         if a.error:
             out.append(f"  note:     {self._r(a.error)}")
+        out.extend(f"  note:     {self._r(n)}" for n in a.notes)
         return self._final(out)
 
     def _final(self, lines: list[str]) -> str:
@@ -172,6 +173,7 @@ class Renderer:
         )
         if a.error:
             out.append(f"\n> Note: {self._r(a.error)}")
+        out.extend(f"\n> Note: {self._r(n)}" for n in a.notes)
         return self._final(out)
 
     # -- batch summary -------------------------------------------------------------------------

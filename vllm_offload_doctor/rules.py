@@ -195,14 +195,17 @@ class Rule:
         return not any(c.holds(facts) for c in self.absent)
 
     def search(self, text: str) -> Any | None:
+        return self.attempt(text)[0]
+
+    def attempt(self, text: str) -> tuple[Any | None, bool]:
+        """(the first pattern's match or None, True when a pattern gave up at its timeout)."""
+        gave_up = False
         for pattern in self.patterns:
-            try:
-                m = pattern.search(text, timeout=MATCH_TIMEOUT_S)
-            except TimeoutError:
-                continue
+            m, timed_out = pattern.attempt(text, timeout=MATCH_TIMEOUT_S)
+            gave_up = gave_up or timed_out
             if m:
-                return m
-        return None
+                return m, gave_up
+        return None, gave_up
 
 
 def builtin_rules_dir() -> Path:

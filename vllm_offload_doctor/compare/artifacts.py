@@ -2,7 +2,8 @@
 
 Every run gets a folder of its own; a folder another run is using (its lock is held) or that
 holds an earlier run's report is refused (`--force` clears our own known artifacts first).
-Everything written here passes through `scrub` so no secret reaches a saved file.
+Everything written here passes through redact.py (`scrub_argv`, `scrub_env`, `scrub_text`,
+`scrub_file`) so no secret reaches a saved file.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import secrets
 import shlex
 import time
@@ -21,38 +21,18 @@ from typing import IO
 
 from vllm_offload_doctor.compare.config import CompareConfig, fmt_gb
 from vllm_offload_doctor.errors import DoctorError
-from vllm_offload_doctor.redact import is_secret_name, redact, redact_argv
+from vllm_offload_doctor.redact import scrub_argv, scrub_data, scrub_env, scrub_file
 
 ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "PYTORCH_", "TORCH_", "HF_", "NVIDIA_", "TRANSFORMERS_")
 LOCK_NAME = ".offload-doctor.lock"
 KNOWN_FILES = ("report.json", "report.md", "commands.txt")
 KNOWN_GLOBS = ("mode-*.log", ".report.json.tmp-*", ".report.md.tmp-*", ".commands.txt.tmp-*")
-_URL_USERINFO = re.compile(
-    r"(\b[a-zA-Z][a-zA-Z0-9+.-]{0,20}://)[^/\s@:'\"]{1,256}:[^/\s@'\"]{1,256}@"
-)
-_LISTED_SECRET = re.compile(
-    r"""(['"](?:api_key|hf_token|token|password|secret)['"]\s*:\s*\[)[^\]]{0,4096}\]""",
-    re.IGNORECASE,
-)
-
-
-def scrub(text: str) -> str:
-    """Mask secrets in text bound for a saved file or a report (one place to swap the engine)."""
-    text = _LISTED_SECRET.sub(r"\1'***']", text)
-    return redact(_URL_USERINFO.sub(r"\1***:***@", text))
-
-
-def scrub_argv(argv: list[str]) -> list[str]:
-    return [scrub(a) for a in redact_argv(argv)]
 
 
 def relevant_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that shape a vLLM run, masked (`scrub_env`): they go into every artifact."""
     env = dict(os.environ if env is None else env)
-    out = {}
-    for k in sorted(env):
-        if k.startswith(ENV_PREFIXES):
-            out[k] = "***" if is_secret_name(k) else scrub(env[k])
-    return out
+    return scrub_env({k: env[k] for k in sorted(env) if k.startswith(ENV_PREFIXES)})
 
 
 def commands_text(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) -> str:
@@ -72,7 +52,7 @@ def commands_text(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) 
             f"offload {fmt_gb(cfg.offload_gb[0])} GiB again"
         )
         lines.append(f"{assign} " + shlex.join(scrub_argv(cfg.argv(cfg.offload_gb[0]))))
-    body = json.dumps(cfg.request_body(), ensure_ascii=False)
+    body = json.dumps(scrub_data(cfg.request_body()), ensure_ascii=False)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     auth = " -H 'authorization: Bearer ***'" if cfg.api_key() else ""
     lines += [
@@ -109,22 +89,13 @@ def default_out_dir(base: Path = Path("offload-doctor-runs")) -> Path:
 
 @contextlib.contextmanager
 def claim(out: Path, *, force: bool) -> Iterator[None]:
-    """Hold the folder for this run (flock: released even if we are killed)."""
+    """Hold the folder for this run (flock: released even if we are killed).
+
+    The lock file is removed when the run ends however it ends (a SIGKILL leaves the file, but
+    not the lock, so the next run proceeds).
+    """
+    lock = _lock(out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise WriteError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
-    lock: IO[str] = os.fdopen(fd, "r+")
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = lock.read().strip() or "?"
-            raise DoctorError(
-                f"--out {out} is in use by another offload-doctor run (pid {holder}); "
-                "give each run its own --out"
-            ) from None
         if (out / "report.json").exists():
             if not force:
                 raise DoctorError(
@@ -141,7 +112,41 @@ def claim(out: Path, *, force: bool) -> Iterator[None]:
             raise WriteError(f"cannot write to --out {out}: {exc.strerror or exc}") from exc
         yield
     finally:
+        # Unlinked while still held: a run that opened it a moment ago finds it held and stops,
+        # and one that locks it after we close sees it is no longer the folder's lock.
+        with contextlib.suppress(OSError):
+            (out / LOCK_NAME).unlink()
         lock.close()
+
+
+def _lock(out: Path) -> IO[str]:
+    """The folder's lock file, open and locked by us; DoctorError when another run holds it."""
+    path = out / LOCK_NAME
+    for _ in range(10):
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise WriteError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
+        lock: IO[str] = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = lock.read().strip() or "?"
+            lock.close()
+            raise DoctorError(
+                f"--out {out} is in use by another offload-doctor run (pid {holder}); "
+                "give each run its own --out"
+            ) from None
+        try:
+            held = os.fstat(fd)
+            now = os.stat(path)
+        except OSError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return lock
+        lock.close()  # the run that held it removed it as we locked it: take the new one
+    raise DoctorError(f"--out {out}: could not take its lock; give each run its own --out")
 
 
 def clear_known(out: Path) -> None:
@@ -154,19 +159,17 @@ def clear_known(out: Path) -> None:
             raise WriteError(f"cannot clear {p}: {exc.strerror or exc}") from exc
 
 
-def save_scrubbed_log(raw: Path, dest: Path, limit_line: int = 65536) -> None:
-    """Copy a server log line by line through `scrub` (bounded line length)."""
+def save_scrubbed_log(raw: Path, dest: Path) -> None:
+    """Copy a server log through `scrub_file` (streamed, memory bounded), then rename it in place."""
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
-        with (
-            open(raw, encoding="utf-8", errors="replace") as src,
-            open(tmp, "w", encoding="utf-8") as out,
-        ):
-            for line in src:
-                out.write(scrub(line[:limit_line]) if len(line) > limit_line else scrub(line))
+        scrub_file(raw, tmp)
         os.replace(tmp, dest)
     except FileNotFoundError:
-        return
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if raw.exists():
+            raise WriteError(f"cannot write {dest}: no such folder") from None
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()

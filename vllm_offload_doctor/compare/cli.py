@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import click
 
+from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
 from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
+from vllm_offload_doctor.compare.render import RENDERERS
+from vllm_offload_doctor.formats import OutputFormat
 
 
 @click.command(
@@ -125,13 +128,16 @@ from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
     "VLLM_USE_V2_MODEL_RUNNER=0), run the offload mode again with it and report whether it works.",
 )
 @click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json", "markdown"]),
-    default="text",
-    show_default=True,
-    help="Report format on stdout (progress goes to stderr).",
+    "-tp",
+    "--tensor-parallel-size",
+    "tensor_parallel_size",
+    type=int,
+    default=None,
+    help="GPUs per mode, passed to every `vllm serve` (also accepted after `--`); "
+    "--offload-gb is then a budget per GPU.",
 )
+@format_option(RENDERERS, "Report format on stdout (progress goes to stderr).")
+@color_option()
 @click.option("--dry-run", is_flag=True, help="Print the exact commands and request; run nothing.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def compare(
@@ -156,7 +162,9 @@ def compare(
     out_dir: str | None,
     force: bool,
     verify_fix: bool,
-    fmt: str,
+    tensor_parallel_size: int | None,
+    fmt: OutputFormat,
+    color: bool | None,
     dry_run: bool,
     vllm_args: tuple[str, ...],
 ) -> int:
@@ -164,8 +172,8 @@ def compare(
 
     \b
     Everything after `--` goes unchanged to every `vllm serve`, e.g.
-      offload-doctor compare -- --tensor-parallel-size 2
-    (--max-model-len and --served-model-name there count as compare's own; an
+      offload-doctor compare -- --enforce-eager --kv-cache-dtype fp8
+    (--max-model-len, --served-model-name and -tp there count as compare's own; an
     --api-key there or VLLM_API_KEY is sent as `Authorization: Bearer`.)
     The environment (e.g. VLLM_USE_V2_MODEL_RUNNER=0) passes through unchanged.
 
@@ -188,13 +196,13 @@ def compare(
         DEFAULT_PROMPT,
         CompareConfig,
         absorb_passthrough,
+        with_tensor_parallel,
     )
-    from vllm_offload_doctor.compare.render import RENDERERS
     from vllm_offload_doctor.compare.run import CompareRun
     from vllm_offload_doctor.server import Terminated, sigterm_as_interrupt
 
     extra, own = absorb_passthrough(
-        list(vllm_args),
+        with_tensor_parallel(list(vllm_args), tensor_parallel_size),
         {"max_model_len": max_model_len, "served_model_name": served_model_name},
     )
     cfg = CompareConfig(
@@ -237,5 +245,8 @@ def compare(
     except KeyboardInterrupt:
         click.echo(f"offload-doctor: interrupted; partial report in {cfg.out_dir}", err=True)
         return exitcodes.INTERRUPTED
-    click.echo(RENDERERS[fmt](run.report, str(cfg.out_dir)), nl=False)
+    use_color = resolve_color(color)
+    # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
+    text = RENDERERS[fmt](run.report, str(cfg.out_dir), color=use_color)
+    click.echo(text, nl=False, color=use_color)
     return status

@@ -71,6 +71,30 @@ def absorb_passthrough(
     return rest, values
 
 
+TP_FLAGS = ("--tensor-parallel-size", "-tp")
+
+
+def with_tensor_parallel(extra: list[str], size: int | None) -> list[str]:
+    """`extra` with compare's `-tp N` added for `vllm serve`; the same value after `--` is fine,
+    another one is an error."""
+    if size is None:
+        return extra
+    if size < 1:
+        raise DoctorError(f"--tensor-parallel-size {size}: must be 1 or more")
+    for i, arg in enumerate(extra):
+        flag, eq, inline = arg.partition("=")
+        if flag not in TP_FLAGS:
+            continue
+        value = inline if eq else (extra[i + 1] if i + 1 < len(extra) else "")
+        if value.strip() != str(size):
+            raise DoctorError(
+                f"{flag} {value} after `--` contradicts compare's --tensor-parallel-size "
+                f"{size}; give it once"
+            )
+        return extra
+    return [*extra, "--tensor-parallel-size", str(size)]
+
+
 def fmt_gb(gb: float) -> str:
     return f"{gb:g}"
 
@@ -151,7 +175,7 @@ class CompareConfig:
         return None
 
     def tensor_parallel_size(self) -> int:
-        value = self._extra_value("--tensor-parallel-size", "-tp")
+        value = self._extra_value(*TP_FLAGS)
         if value is not None:
             with contextlib.suppress(ValueError):
                 return int(value)

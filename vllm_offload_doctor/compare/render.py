@@ -1,18 +1,30 @@
-"""Render a `CompareReport` as text (stdout), markdown (report.md) or JSON (report.json)."""
+"""Render a `CompareReport` as text (stdout), markdown (report.md) or JSON (report.json).
+
+`RENDERERS` is compare's registry: its keys are `--format`'s choices (a test keeps every one
+rendering). Only text is coloured, through `color.paint`, as check and analyze do.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 
+from vllm_offload_doctor.color import paint
 from vllm_offload_doctor.compare.model import CompareReport, CompareStatus, ModeResult, Role
 from vllm_offload_doctor.compare.records import GpuDevice, LogFacts
+from vllm_offload_doctor.formats import OutputFormat
 
 ICON = {
     CompareStatus.EFFECTIVE: "OK",
     CompareStatus.IGNORED: "IGNORED",
     CompareStatus.FAILED: "FAILED",
     CompareStatus.INCONCLUSIVE: "INCONCLUSIVE",
+}
+STYLE = {
+    CompareStatus.EFFECTIVE: ("green", "bold"),
+    CompareStatus.IGNORED: ("red", "bold"),
+    CompareStatus.FAILED: ("red", "bold"),
+    CompareStatus.INCONCLUSIVE: ("yellow", "bold"),
 }
 
 
@@ -157,11 +169,12 @@ def _table_text(header: list[str], table: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_text(report: CompareReport, out_dir: str | None = None) -> str:
+def render_text(report: CompareReport, out_dir: str | None = None, *, color: bool = False) -> str:
     v = report.verdict.finding
     header, table = rows(report)
     lines = [_table_text(header, table), ""]
-    lines.append(f"Verdict: {ICON[v.status]} {v.title or v.status}")
+    verdict = f"Verdict: {ICON[v.status]} {v.title or v.status}"
+    lines.append(paint(verdict, *STYLE[v.status], color=color))
     lines += [f"  {s}" for s in v.summary.splitlines()]
     if v.remedy:
         lines.append(f"  Fix: {v.remedy}")
@@ -172,7 +185,9 @@ def render_text(report: CompareReport, out_dir: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_markdown(report: CompareReport, out_dir: str | None = None) -> str:
+def render_markdown(
+    report: CompareReport, out_dir: str | None = None, *, color: bool = False
+) -> str:
     v = report.verdict.finding
     cfg = report.config
     header, table = rows(report)
@@ -221,12 +236,14 @@ def render_markdown(report: CompareReport, out_dir: str | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_json(report: CompareReport, out_dir: str | None = None) -> str:
+def render_json(report: CompareReport, out_dir: str | None = None, *, color: bool = False) -> str:
     return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
 
-RENDERERS: dict[str, Callable[[CompareReport, str | None], str]] = {
-    "text": render_text,
-    "json": render_json,
-    "markdown": render_markdown,
+Renderer = Callable[..., str]  # (report, out_dir, *, color) -> the text for stdout
+
+RENDERERS: dict[OutputFormat, Renderer] = {
+    OutputFormat.TEXT: render_text,
+    OutputFormat.JSON: render_json,
+    OutputFormat.MARKDOWN: render_markdown,
 }

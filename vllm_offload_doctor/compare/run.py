@@ -46,6 +46,7 @@ from vllm_offload_doctor.compare.model import (
 )
 from vllm_offload_doctor.compare.records import Stop
 from vllm_offload_doctor.errors import DoctorError, PortInUseError, ServerStartError
+from vllm_offload_doctor.redact import scrub_argv, scrub_data, scrub_text
 
 if TYPE_CHECKING:
     from vllm_offload_doctor.server import ServerProcess
@@ -57,10 +58,10 @@ def _now() -> str:
 
 def report_config(cfg: CompareConfig) -> ReportConfig:
     return ReportConfig(
-        vllm_cmd=tuple(art.scrub_argv(cfg.vllm_cmd)),
-        model=cfg.model,
+        vllm_cmd=tuple(scrub_argv(cfg.vllm_cmd)),
+        model=scrub_text(cfg.model),
         revision=cfg.effective_revision,
-        served_model_name=cfg.served,
+        served_model_name=scrub_text(cfg.served),
         baseline_gb=cfg.baseline_gb,
         offload_gb=tuple(cfg.offload_gb),
         max_model_len=cfg.max_model_len,
@@ -71,8 +72,8 @@ def report_config(cfg: CompareConfig) -> ReportConfig:
         stream=cfg.stream,
         timeout_s=cfg.timeout_s,
         tensor_parallel_size=cfg.tensor_parallel_size(),
-        extra_args=tuple(art.scrub_argv(cfg.extra_args)),
-        request=cfg.request_body(),
+        extra_args=tuple(scrub_argv(cfg.extra_args)),
+        request=scrub_data(cfg.request_body()),
         expect=tuple(cfg.expected_answers),
         verify_fix=True if cfg.verify_fix else None,
     )
@@ -275,7 +276,7 @@ class CompareRun:
             label=label,
             offload_gb=gb,
             role=role,
-            command=tuple(art.scrub_argv(argv)),
+            command=tuple(scrub_argv(argv)),
             log=f"mode-{label}.log",
             status=ModeStatus.STARTING,
             env=env,
@@ -379,15 +380,15 @@ class CompareRun:
         else:
             analysis = replace(
                 analysis,
-                title=art.scrub(analysis.title),
-                summary=art.scrub(analysis.summary),
-                offload_explanation=art.scrub(analysis.offload_explanation),
+                title=scrub_text(analysis.title),
+                summary=scrub_text(analysis.summary),
+                offload_explanation=scrub_text(analysis.offload_explanation),
             )
             if facts.model_runner_evidence:
-                facts = replace(facts, model_runner_evidence=art.scrub(facts.model_runner_evidence))
+                facts = replace(facts, model_runner_evidence=scrub_text(facts.model_runner_evidence))
             mode = replace(mode, analysis=analysis, log_facts=facts)
             if not mode.ok and last_error:
-                mode = replace(mode, last_error_line=art.scrub(last_error)[:400])
+                mode = replace(mode, last_error_line=scrub_text(last_error)[:400])
         try:
             art.save_scrubbed_log(raw_log, self.out / mode.log)
         finally:
