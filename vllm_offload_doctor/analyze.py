@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor import logread, repeats, reports, verdict
+from vllm_offload_doctor import logread, raises, repeats, reports, verdict
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.knowledge import Knowledge, builtin_knowledge, lend_exceptions
@@ -204,7 +204,10 @@ class _State:
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
         wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
-        is_exception = bool(_EXCEPTION.match(msg)) or bool(_FATAL_HINT.search(msg))
+        exc = _EXCEPTION.match(msg)
+        is_exception = bool(exc) or bool(_FATAL_HINT.search(msg))
+        if exc is not None and self.clues.raised is None and not wrapper:
+            self._note_raised(line, msg[exc.end() :])
         if is_exception and self.first_fatal_line is None:
             self.first_fatal_line = line.no
         if is_exception or (
@@ -234,6 +237,15 @@ class _State:
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
                 hit.evidence.append(Evidence(line.no, line.text[:600]))
         self.recent.append((line.no, msg))
+
+    def _note_raised(self, line: Line, text: str) -> None:
+        """Note the exception when its message is a catalogued one that lends a category."""
+        text = text.strip()
+        if len(text) < raises.MIN_LITERAL:
+            return
+        found = raises.builtin_raises().find(text)
+        if found is not None:
+            self.clues.raised = (Evidence(line.no, line.text[:600]), found, text[:300])
 
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
         """The rules whose patterns match this line, with their named groups (cached by text)."""
@@ -275,6 +287,7 @@ class _State:
         frames, clues = self.collector.frames, self.clues
         last_frame = frames[-1] if frames else None
         clue_state = (clues.frame, len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods))
+        raised = clues.raised
         notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
         report_lines, report_state = self.reports.lines, self._reports_state(line.no)
         self.matched.clear()
@@ -286,6 +299,8 @@ class _State:
             return None  # a pasted report's line
         if clue_state[1:] != (len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods)):
             return None  # a wrapper, a death, a worker's method
+        if clues.raised is not raised:
+            return None  # the first catalogued exception: its line must stay the evidence
         entry = None
         if clues.frame is not clue_state[0]:
             if not framed or clues.frame is None:
@@ -375,6 +390,10 @@ class _State:
         )
         if frame is not None and (not findings or findings[0].precedence < frame.precedence):
             findings.insert(0, frame)
+        if not findings or findings[0].category is Category.CRASH_OTHER:
+            lent = verdict.raise_finding(self.clues, self.rules, base)
+            if lent is not None:
+                findings.insert(0, lent)
         findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()

@@ -1,7 +1,8 @@
 """Verdict policy beyond the rules: the failing frame, wrappers, an engine that died silently.
 
 Rules read exception lines. When none decides, the innermost frame of a single-purpose
-subsystem (rules/maps/frames.toml) names the category; when no exception is visible but the
+subsystem (rules/maps/frames.toml) names the category; failing that, an exception whose message
+only that subsystem's modules raise in vLLM's catalogue (raises.py); when no exception is visible but the
 engine process died (killed, signal, Ray actor gone), the verdict says so and how to confirm an
 OOM kill; a wrapper line (`Engine core initialization failed`) is never the evidence.
 """
@@ -14,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, FrameEntry, Knowledge
+from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, RAISE_PRECEDENCE, FrameEntry, Knowledge
 from vllm_offload_doctor.model import Category, Evidence, Facts, Finding, Severity, Verdict
 from vllm_offload_doctor.normalize import Line
+from vllm_offload_doctor.raises import Raised
 from vllm_offload_doctor.rules import Rule, render_message
 
 _METHOD = re.compile(r"while processing method (\w+)")
@@ -27,6 +29,8 @@ class Clues:
     """Bounded clues gathered while lines stream past."""
 
     frame: tuple[Evidence, FrameEntry] | None = None  # innermost mapped frame seen last
+    # The first exception whose message is a catalogued message that lends a category, and its text.
+    raised: tuple[Evidence, Raised, str] | None = None
     deaths: list[Evidence] = field(default_factory=list)
     wrappers: deque[Evidence] = field(default_factory=lambda: deque(maxlen=2))
     # 'Exception in worker X while processing method load_model': the phase of a worker failure.
@@ -85,6 +89,30 @@ def frame_finding(
         links=rule.links,
         evidence=tuple(shown),
         precedence=FRAME_PRECEDENCE,
+    )
+
+
+def raise_finding(clues: Clues, rules: Sequence[Rule], values: dict[str, Any]) -> Finding | None:
+    """A finding from an exception whose message only one subsystem's modules raise."""
+    if clues.raised is None:
+        return None
+    evidence, raised, text = clues.raised
+    entry = raised.entry
+    rule = next((r for r in rules if r.id == entry.rule), None)
+    if rule is None:
+        return None
+    what = entry.source.rsplit(": ", 1)[-1]  # e.g. "config validation"
+    where = f"vLLM raises this message in {raised.file}, releases {raised.span()} ({what}). "
+    return Finding(
+        rule_id=rule.id,
+        title=rule.title,
+        severity=rule.severity,
+        category=entry.category,
+        message=where + render_message(rule.message, {"why": text.rstrip(". ")}, values),
+        remedy=render_message(rule.remedy, {}, values),
+        links=rule.links,
+        evidence=(evidence,),
+        precedence=RAISE_PRECEDENCE,
     )
 
 
