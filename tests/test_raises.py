@@ -12,7 +12,7 @@ from vllm_offload_doctor import catalogue
 from vllm_offload_doctor.analyze import analyze_lines
 from vllm_offload_doctor.knowledge import RAISE_PRECEDENCE, builtin_knowledge
 from vllm_offload_doctor.model import Analysis, Category
-from vllm_offload_doctor.raises import MIN_LITERAL, build, builtin_raises, template_regex
+from vllm_offload_doctor.raises import MIN_LITERAL, RaiseMap, build, builtin_raises, template_regex
 
 CAT = catalogue.load()
 RAISES = builtin_raises()
@@ -157,3 +157,29 @@ def test_every_raises_key_lends_messages() -> None:
     for entry in builtin_knowledge().frames:
         if entry.raises:
             assert any(r.entry is entry for r in RAISES.raised), entry.id
+
+
+def test_every_lending_template_finds_its_own_sample() -> None:
+    # The RE2 set runs within a memory budget: a set that silently stopped matching would fail here.
+    for r in RAISES.raised:
+        m = catalogue.Message(r.template, "raise", r.type, r.file, 1, r.first, r.last)
+        whole = [t for t in catalogue.samples(m) if catalogue.instance_of(r.template, t)]
+        assert whole
+        for text in whole:  # every sample value
+            found = RAISES.find(text.split("\n", 1)[0])
+            assert found is not None and found.entry.category is r.entry.category, r.template
+
+
+def test_without_re2_the_regex_fallback_agrees() -> None:
+    fallback = RaiseMap(RAISES.raised, RAISES.patterns)
+    fallback._set = None  # as on a platform without google-re2
+    for r in RAISES.raised[::20]:
+        m = catalogue.Message(r.template, "raise", r.type, r.file, 1, r.first, r.last)
+        text = catalogue.samples(m)[0].split("\n", 1)[0]
+        assert fallback.find(text) == RAISES.find(text), r.template
+    assert fallback.find("The widget registry could not be reconciled with the plugin list.") is None
+
+
+def test_an_empty_catalogue_lends_nothing() -> None:
+    empty = build(builtin_knowledge(), catalogue.Catalogue((), "none", ()))
+    assert empty.raised == () and empty.find("Chunked prefill is not supported with sliding window.") is None

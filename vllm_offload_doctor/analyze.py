@@ -206,8 +206,8 @@ class _State:
         wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
         exc = _EXCEPTION.match(msg)
         is_exception = bool(exc) or bool(_FATAL_HINT.search(msg))
-        if exc is not None and self.clues.raised is None and not wrapper:
-            self._note_raised(line, msg[exc.end() :])
+        if exc is not None and not wrapper:
+            self.clues.note_exception(line, msg[exc.end() :].strip())
         if is_exception and self.first_fatal_line is None:
             self.first_fatal_line = line.no
         if is_exception or (
@@ -237,15 +237,6 @@ class _State:
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
                 hit.evidence.append(Evidence(line.no, line.text[:600]))
         self.recent.append((line.no, msg))
-
-    def _note_raised(self, line: Line, text: str) -> None:
-        """Note the exception when its message is a catalogued one that lends a category."""
-        text = text.strip()
-        if len(text) < raises.MIN_LITERAL:
-            return
-        found = raises.builtin_raises().find(text)
-        if found is not None:
-            self.clues.raised = (Evidence(line.no, line.text[:600]), found, text[:300])
 
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
         """The rules whose patterns match this line, with their named groups (cached by text)."""
@@ -287,7 +278,7 @@ class _State:
         frames, clues = self.collector.frames, self.clues
         last_frame = frames[-1] if frames else None
         clue_state = (clues.frame, len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods))
-        raised = clues.raised
+        exceptions = len(clues.exceptions)
         notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
         report_lines, report_state = self.reports.lines, self._reports_state(line.no)
         self.matched.clear()
@@ -299,8 +290,8 @@ class _State:
             return None  # a pasted report's line
         if clue_state[1:] != (len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods)):
             return None  # a wrapper, a death, a worker's method
-        if clues.raised is not raised:
-            return None  # the first catalogued exception: its line must stay the evidence
+        if len(clues.exceptions) != exceptions:
+            return None  # a new exception message: its first line must stay the evidence
         entry = None
         if clues.frame is not clue_state[0]:
             if not framed or clues.frame is None:
@@ -391,7 +382,7 @@ class _State:
         if frame is not None and (not findings or findings[0].precedence < frame.precedence):
             findings.insert(0, frame)
         if not findings or findings[0].category is Category.CRASH_OTHER:
-            lent = verdict.raise_finding(self.clues, self.rules, base)
+            lent = verdict.raise_finding(self.clues, self.rules, base, raises.builtin_raises())
             if lent is not None:
                 findings.insert(0, lent)
         findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)

@@ -18,10 +18,11 @@ from typing import Any
 from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, RAISE_PRECEDENCE, FrameEntry, Knowledge
 from vllm_offload_doctor.model import Category, Evidence, Facts, Finding, Severity, Verdict
 from vllm_offload_doctor.normalize import Line
-from vllm_offload_doctor.raises import Raised
+from vllm_offload_doctor.raises import MIN_LITERAL, RaiseMap
 from vllm_offload_doctor.rules import Rule, render_message
 
 _METHOD = re.compile(r"while processing method (\w+)")
+MAX_EXCEPTIONS = 16
 
 
 @dataclass(slots=True)
@@ -29,12 +30,17 @@ class Clues:
     """Bounded clues gathered while lines stream past."""
 
     frame: tuple[Evidence, FrameEntry] | None = None  # innermost mapped frame seen last
-    # The first exception whose message is a catalogued message that lends a category, and its text.
-    raised: tuple[Evidence, Raised, str] | None = None
     deaths: list[Evidence] = field(default_factory=list)
     wrappers: deque[Evidence] = field(default_factory=lambda: deque(maxlen=2))
     # 'Exception in worker X while processing method load_model': the phase of a worker failure.
     methods: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=8))
+    # The first distinct exception messages (text after `Class: `), looked up in the catalogue
+    # only when no rule or frame decides (raises.py).
+    exceptions: dict[str, Evidence] = field(default_factory=dict)
+
+    def note_exception(self, line: Line, text: str) -> None:
+        if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
+            self.exceptions.setdefault(text, Evidence(line.no, line.text[:600]))
 
     def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
         """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
@@ -92,28 +98,32 @@ def frame_finding(
     )
 
 
-def raise_finding(clues: Clues, rules: Sequence[Rule], values: dict[str, Any]) -> Finding | None:
-    """A finding from an exception whose message only one subsystem's modules raise."""
-    if clues.raised is None:
-        return None
-    evidence, raised, text = clues.raised
-    entry = raised.entry
-    rule = next((r for r in rules if r.id == entry.rule), None)
-    if rule is None:
-        return None
-    what = entry.source.rsplit(": ", 1)[-1]  # e.g. "config validation"
-    where = f"vLLM raises this message in {raised.file}, releases {raised.span()} ({what}). "
-    return Finding(
-        rule_id=rule.id,
-        title=rule.title,
-        severity=rule.severity,
-        category=entry.category,
-        message=where + render_message(rule.message, {"why": text.rstrip(". ")}, values),
-        remedy=render_message(rule.remedy, {}, values),
-        links=rule.links,
-        evidence=(evidence,),
-        precedence=RAISE_PRECEDENCE,
-    )
+def raise_finding(
+    clues: Clues, rules: Sequence[Rule], values: dict[str, Any], lent: RaiseMap
+) -> Finding | None:
+    """A finding from the first exception whose message only one subsystem's modules raise."""
+    for text, evidence in clues.exceptions.items():
+        raised = lent.find(text)
+        if raised is None:
+            continue
+        entry = raised.entry
+        rule = next((r for r in rules if r.id == entry.rule), None)
+        if rule is None:
+            continue
+        what = entry.source.rsplit(": ", 1)[-1]  # e.g. "config validation"
+        where = f"vLLM raises this message in {raised.file}, releases {raised.span()} ({what}). "
+        return Finding(
+            rule_id=rule.id,
+            title=rule.title,
+            severity=rule.severity,
+            category=entry.category,
+            message=where + render_message(rule.message, {"why": text[:300].rstrip(". ")}, values),
+            remedy=render_message(rule.remedy, {}, values),
+            links=rule.links,
+            evidence=(evidence,),
+            precedence=RAISE_PRECEDENCE,
+        )
+    return None
 
 
 def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
