@@ -183,3 +183,19 @@ def test_without_re2_the_regex_fallback_agrees() -> None:
 def test_an_empty_catalogue_lends_nothing() -> None:
     empty = build(builtin_knowledge(), catalogue.Catalogue((), "none", ()))
     assert empty.raised == () and empty.find("Chunked prefill is not supported with sliding window.") is None
+
+
+def test_after_readiness_a_config_message_lends_nothing() -> None:
+    exc = "ValueError: Chunked prefill is not supported with sliding window. Set --disable-sliding-window to disable sliding window."
+    start = ["INFO 04-17 15:10:00 [api_server.py:1000] vLLM API server version 0.8.4"]
+    failed = analyze_lines([*start, f"ERROR 04-17 15:10:09 [engine.py:448] {exc}"])
+    assert _lent(failed)
+    served = analyze_lines(
+        [
+            *start,
+            "INFO:     Application startup complete.",
+            'INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK',
+            f"ERROR 04-17 15:20:09 [engine.py:448] {exc}",
+        ]
+    )
+    assert not _lent(served) and served.verdict.category is not Category.BAD_ARGS

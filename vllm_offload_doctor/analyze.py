@@ -382,7 +382,9 @@ class _State:
         if frame is not None and (not findings or findings[0].precedence < frame.precedence):
             findings.insert(0, frame)
         if not findings or findings[0].category is Category.CRASH_OTHER:
-            lent = verdict.raise_finding(self.clues, self.rules, base, raises.builtin_raises())
+            lent = verdict.raise_finding(
+                self.clues, self.rules, base, raises.builtin_raises(), self.ready_line
+            )
             if lent is not None:
                 findings.insert(0, lent)
         findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)

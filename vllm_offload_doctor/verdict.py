@@ -99,10 +99,17 @@ def frame_finding(
 
 
 def raise_finding(
-    clues: Clues, rules: Sequence[Rule], values: dict[str, Any], lent: RaiseMap
+    clues: Clues,
+    rules: Sequence[Rule],
+    values: dict[str, Any],
+    lent: RaiseMap,
+    ready_line: int | None = None,
 ) -> Finding | None:
-    """A finding from the first exception whose message only one subsystem's modules raise."""
+    """A finding from the first exception whose message only one subsystem's modules raise.
+    Not after the server became ready: it passed its config and argument checks by then."""
     for text, evidence in clues.exceptions.items():
+        if ready_line is not None and evidence.line > ready_line:
+            break
         raised = lent.find(text)
         if raised is None:
             continue
