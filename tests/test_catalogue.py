@@ -135,6 +135,16 @@ def test_rules_id_json_lists_cited_messages(capsys: pytest.CaptureFixture[str]) 
         assert c["found"] and all(f["first"] in CAT.versions and f["patterns"] for f in c["found"])
 
 
+def test_rules_json_list_has_each_rules_vllm_source(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli("rules", "--format", "json") == 0
+    listed = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert _cli("rules", "GPU001", "--format", "json") == 0
+    assert listed["GPU001"]["vllm_source"] == json.loads(capsys.readouterr().out)["vllm_source"]
+    for r in load_rules():
+        cited = [c["template"] for c in listed[r.id]["vllm_source"]["cited"]]
+        assert cited == [ref.template for ref in r.vllm_source], r.id
+
+
 RULE = """\
 id = "TST001"
 title = "A test rule"

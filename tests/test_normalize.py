@@ -228,3 +228,36 @@ def test_split_short_paste_with_lost_breaks_into_records_frames_and_exception() 
 def test_short_line_with_one_record_is_not_split() -> None:
     line = "INFO 02-26 09:54:05 worker.py:267] " + "model weights take 5.20GiB; " * 15
     assert split_long(line) == [line]
+
+
+@pytest.mark.parametrize(
+    ("raw", "proc", "level", "msg"),
+    [
+        ("| INFO 07-01 10:00:00 [api_server.py:1000] vLLM API server version 0.10.1 |", None, "INFO", "vLLM API server version 0.10.1"),
+        ("| (EngineCore_DP0 pid=7) ERROR 07-01 10:00:03 [core.py:700] ValueError: bad |", "EngineCore_DP0", "ERROR", "ValueError: bad"),
+        ("| ValueError: the weight budget is out of range |", None, None, "ValueError: the weight budget is out of range"),
+        ('|   File "/x/vllm/config/model.py", line 3, in f |', None, None, 'File "/x/vllm/config/model.py", line 3, in f'),
+        ("| 2026-01-01T00:00:00Z (APIServer pid=3) INFO 05-01 10:00:00 [a.py:1] hi", "APIServer", "INFO", "hi"),
+    ],
+)
+def test_github_table_row_holding_a_log_line(raw: str, proc: str | None, level: str | None, msg: str) -> None:
+    line = parse(1, raw)
+    assert (line.proc, line.level, line.msg) == (proc, level, msg)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["| ✅ ok | Operating system | Linux 6.8.0 (x86_64) |", "|---|---|", "| Status | Check | Result |", "| " + " " * 5000 + "|"],
+)
+def test_github_table_rows_of_other_content_stay(raw: str) -> None:
+    assert parse(1, raw).msg == raw.strip()
+
+
+def test_log_pasted_in_a_github_table_is_read() -> None:
+    from pathlib import Path
+
+    from vllm_offload_doctor.analyze import analyze_file
+
+    a = analyze_file(Path(__file__).parent / "pasted" / "github-table-config-error.log")
+    assert a.facts.vllm_version == "0.10.1"
+    assert a.verdict.category.value == "bad_args"

@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor import logread, repeats, reports, verdict
+from vllm_offload_doctor import logread, raises, repeats, reports, verdict
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.knowledge import Knowledge, builtin_knowledge, lend_exceptions
@@ -205,7 +205,10 @@ class _State:
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
         wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
-        is_exception = bool(_EXCEPTION.match(msg)) or bool(_FATAL_HINT.search(msg))
+        exc = _EXCEPTION.match(msg)
+        is_exception = bool(exc) or bool(_FATAL_HINT.search(msg))
+        if exc is not None and not wrapper:
+            self.clues.note_exception(line, msg[exc.end() :].strip())
         if is_exception and self.first_fatal_line is None:
             self.first_fatal_line = line.no
         if is_exception or (
@@ -278,6 +281,7 @@ class _State:
         frames, clues = self.collector.frames, self.clues
         last_frame = frames[-1] if frames else None
         clue_state = (clues.frame, len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods))
+        exceptions = len(clues.exceptions)
         notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
         report_lines, report_state = self.reports.lines, self._reports_state(line.no)
         self.matched.clear()
@@ -289,6 +293,8 @@ class _State:
             return None  # a pasted report's line
         if clue_state[1:] != (len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods)):
             return None  # a wrapper, a death, a worker's method
+        if len(clues.exceptions) != exceptions:
+            return None  # a new exception message: its first line must stay the evidence
         entry = None
         if clues.frame is not clue_state[0]:
             if not framed or clues.frame is None:
@@ -378,6 +384,12 @@ class _State:
         )
         if frame is not None and (not findings or findings[0].precedence < frame.precedence):
             findings.insert(0, frame)
+        if not findings or findings[0].category is Category.CRASH_OTHER:
+            lent = verdict.raise_finding(
+                self.clues, self.rules, base, raises.builtin_raises(), self.ready_line
+            )
+            if lent is not None:
+                findings.insert(0, lent)
         findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()

@@ -126,7 +126,9 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
     loaded = load_rules(rule_dirs)
     if rule_id is None:
         if fmt == "json":
-            click.echo(json.dumps([_rule_dict(r) for r in loaded], indent=2, ensure_ascii=False))
+            cat = _catalogue()
+            listed = [_rule_dict(r) | _sources(r, None, cat) for r in loaded]
+            click.echo(json.dumps(listed, indent=2, ensure_ascii=False))
             return exitcodes.OK
         click.echo(_rule_table(loaded))
         return exitcodes.OK
@@ -155,17 +157,26 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
     return exitcodes.OK
 
 
-def _sources(r: object, lines: list[str] | None) -> dict[str, object]:
+def _catalogue() -> object:
+    """The catalogue, or the error that names why it cannot be read."""
+    from vllm_offload_doctor import catalogue
+
+    try:
+        return catalogue.load()
+    except catalogue.CatalogueError as exc:
+        return exc
+
+
+def _sources(r: object, lines: list[str] | None, cat: object = None) -> dict[str, object]:
     """The catalogued vLLM messages a rule matches: appended to `lines`, or as a JSON entry."""
     from vllm_offload_doctor import catalogue
     from vllm_offload_doctor.rules import Rule
 
     assert isinstance(r, Rule)
-    try:
-        cat = catalogue.load()
-    except catalogue.CatalogueError as exc:
+    cat = _catalogue() if cat is None else cat
+    if not isinstance(cat, catalogue.Catalogue):
         if lines is not None:
-            lines.append(f"  vLLM source: unavailable ({exc})")
+            lines.append(f"  vLLM source: unavailable ({cat})")
         return {"vllm_source": None}
     cited = catalogue.cite(r, cat)
     if lines is not None:

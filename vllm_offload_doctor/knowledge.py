@@ -4,7 +4,8 @@
   category it implies (the rule's words explain it); wrappers that are never evidence; signs
   that the engine process died without any exception.
 - frames.toml: the failing frame's subsystem and the category it implies, used when the
-  exception line does not decide.
+  exception line does not decide; with `raises`, the modules whose catalogued raise messages
+  imply the category too (raises.py).
 
 Problems are one-line RuleFileErrors naming the file and the key, as for rules.
 """
@@ -26,6 +27,7 @@ from vllm_offload_doctor.reports import KEYWORDS as REPORT_KEYWORDS
 from vllm_offload_doctor.rules import Rule, builtin_rules_dir, load_rules
 
 FRAME_PRECEDENCE = 50  # above the generic crash rules, below every rule that reads the exception
+RAISE_PRECEDENCE = 45  # a catalogued message's subsystem: below the failing frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class FrameEntry:
     source: str
     fire: tuple[str, ...]
     quiet: tuple[str, ...]
+    raises: tuple[str, ...] = ()  # modules whose catalogued raise messages lend the category
 
     def matches(self, fn: str, path: str) -> bool:
         if self.functions and fn not in self.functions:
@@ -181,7 +184,7 @@ def _exceptions(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> lis
 
 def _frames(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> list[FrameEntry]:
     out = []
-    allowed = {"id", "rule", "category", "functions", "path", "calls", "source", "fire", "quiet"}
+    allowed = {"id", "rule", "category", "functions", "path", "calls", "raises", "source", "fire", "quiet"}
     for i, item in enumerate(data.get("frame", [])):
         where = f"frame[{i}]"
         entry_id, rule_id, category = _entry_head(path, where, item, allowed, rules)
@@ -198,7 +201,7 @@ def _frames(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> list[Fr
         out.append(
             FrameEntry(
                 entry_id, rule_id, category, functions, paths, calls, item["source"], fire,
-                _strs(path, item, "quiet"),
+                _strs(path, item, "quiet"), _strs(path, item, "raises"),
             )
         )
     return out

@@ -1,7 +1,7 @@
 """Turn a raw log line from any vLLM era and any collector into (process, level, message).
 
 Handles ANSI colour (real escapes and pasted caret text), CR and stray ^M,
-docker-compose / Kubernetes / journald / timestamp prefixes, vLLM's
+docker-compose / Kubernetes / journald / timestamp prefixes, GitHub-table rows, vLLM's
 `(Proc pid=N)` prefix in its Ray, worker and engine forms, the three logger
 formats (`file.py:1]`, `[file.py:1]`, `[path/file.py:1]`), Ray's
 `[repeated Nx across cluster]` suffix, and pastes whose line breaks were lost.
@@ -17,6 +17,13 @@ _CR = re.compile(r"\^M$|\r")
 _HTML = re.compile(r"</?(?:font|b|i|u|span|strong|em|code|pre)\b[^>]*>")
 _BOX = re.compile(r"^\s*[│┃|]\s?|\s*[│┃]\s*$")
 _FASTCHAT = re.compile(r"^\|\s*(?:DEBUG|INFO|WARNING|ERROR)\s*\|\s*(?:stderr|stdout)\s*\|\s?")
+# A log pasted into a GitHub table, one line per row: `| <line> |`. Stripped only when the cell
+# holds a log line (a vLLM record, a process prefix, a traceback or an exception), so the tables of
+# pasted reports (`| ok | Host memory | ... |`) stay as they are.
+_LOG_CELL = re.compile(
+    r"(?:\(\w[\w: ]*? pid=\d+|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d|"
+    r"Traceback \(most recent|File \"|(?:\w+\.)*[A-Z]\w*(?:Error|Exception)(?::|$)|\[?\d{4}-\d\d-\d\d[T ])"
+)
 
 # Outer prefixes added by collectors, tried repeatedly (they stack).
 _OUTER = re.compile(
@@ -98,7 +105,13 @@ def strip_outer(text: str) -> str:
             break
         text = rest
     if text.startswith("|"):
-        text = _FASTCHAT.sub("", text)
+        fastchat = _FASTCHAT.match(text)
+        if fastchat:
+            return text[fastchat.end() :]
+        cell = text[1:].rstrip()
+        cell = (cell[:-1] if cell.endswith("|") else cell).strip()
+        if _LOG_CELL.match(cell):
+            return strip_outer(cell)
     return text
 
 

@@ -1,7 +1,8 @@
 """Verdict policy beyond the rules: the failing frame, wrappers, an engine that died silently.
 
 Rules read exception lines. When none decides, the innermost frame of a single-purpose
-subsystem (rules/maps/frames.toml) names the category; when no exception is visible but the
+subsystem (rules/maps/frames.toml) names the category; failing that, an exception whose message
+only that subsystem's modules raise in vLLM's catalogue (raises.py); when no exception is visible but the
 engine process died (killed, signal, Ray actor gone), the verdict says so and how to confirm an
 OOM kill; a wrapper line (`Engine core initialization failed`) is never the evidence.
 """
@@ -14,12 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, FrameEntry, Knowledge
+from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, RAISE_PRECEDENCE, FrameEntry, Knowledge
 from vllm_offload_doctor.model import Category, Evidence, Facts, Finding, Severity, Verdict
 from vllm_offload_doctor.normalize import Line
+from vllm_offload_doctor.raises import MIN_LITERAL, RaiseMap
 from vllm_offload_doctor.rules import Rule, render_message
 
 _METHOD = re.compile(r"while processing method (\w+)")
+MAX_EXCEPTIONS = 16
 
 
 @dataclass(slots=True)
@@ -31,6 +34,13 @@ class Clues:
     wrappers: deque[Evidence] = field(default_factory=lambda: deque(maxlen=2))
     # 'Exception in worker X while processing method load_model': the phase of a worker failure.
     methods: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=8))
+    # The first distinct exception messages (text after `Class: `), looked up in the catalogue
+    # only when no rule or frame decides (raises.py).
+    exceptions: dict[str, Evidence] = field(default_factory=dict)
+
+    def note_exception(self, line: Line, text: str) -> None:
+        if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
+            self.exceptions.setdefault(text, Evidence(line.no, line.text[:600]))
 
     def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
         """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
@@ -86,6 +96,41 @@ def frame_finding(
         evidence=tuple(shown),
         precedence=FRAME_PRECEDENCE,
     )
+
+
+def raise_finding(
+    clues: Clues,
+    rules: Sequence[Rule],
+    values: dict[str, Any],
+    lent: RaiseMap,
+    ready_line: int | None = None,
+) -> Finding | None:
+    """A finding from the first exception whose message only one subsystem's modules raise.
+    Not after the server became ready: it passed its config and argument checks by then."""
+    for text, evidence in clues.exceptions.items():
+        if ready_line is not None and evidence.line > ready_line:
+            break
+        raised = lent.find(text)
+        if raised is None:
+            continue
+        entry = raised.entry
+        rule = next((r for r in rules if r.id == entry.rule), None)
+        if rule is None:
+            continue
+        what = entry.source.rsplit(": ", 1)[-1]  # e.g. "config validation"
+        where = f"vLLM raises this message in {raised.file}, releases {raised.span()} ({what}). "
+        return Finding(
+            rule_id=rule.id,
+            title=rule.title,
+            severity=rule.severity,
+            category=entry.category,
+            message=where + render_message(rule.message, {"why": text[:300].rstrip(". ")}, values),
+            remedy=render_message(rule.remedy, {}, values),
+            links=rule.links,
+            evidence=(evidence,),
+            precedence=RAISE_PRECEDENCE,
+        )
+    return None
 
 
 def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
