@@ -162,3 +162,25 @@ def test_every_failure_verdict_shows_its_lines(path: Path) -> None:
         assert a.notable
     if "lines below" in a.verdict.summary:
         assert a.notable
+
+
+_WSL_CUDA_INIT = [
+    "INFO 06-20 21:14:05 [__init__.py:244] Automatically detected platform cuda.",
+    "WARNING 06-20 21:14:06 [interface.py:181] Using 'pin_memory=False' as WSL is detected. "
+    "This may slow down the performance.",
+    "ERROR 06-20 21:14:16 [core.py:586] RuntimeError: Unexpected error from cudaGetDeviceCount(). "
+    "Did you run some cuda functions before calling NumCudaDevices() that might have already set an "
+    "error? Error 500: named symbol not found",
+]
+
+
+def test_cuda_init_failure_under_wsl_says_where_cuda_comes_from() -> None:
+    a = analyze_lines(_WSL_CUDA_INIT)
+    assert a.verdict.category.value == "driver_cuda"
+    assert "WSL2" in a.verdict.summary and "Windows" in a.verdict.summary
+
+
+def test_cuda_init_failure_on_linux_has_no_wsl_note() -> None:
+    a = analyze_lines([_WSL_CUDA_INIT[0], _WSL_CUDA_INIT[2]])
+    assert a.verdict.category.value == "driver_cuda"
+    assert "WSL" not in a.verdict.summary

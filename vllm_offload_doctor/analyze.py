@@ -402,6 +402,7 @@ class _State:
         if not findings:
             final = verdict.death_verdict(self.clues, facts) or final
         final = verdict.with_kv_offload_note(final, facts)
+        final = verdict.with_wsl_note(final, facts)
         return Analysis(
             file=name,
             verdict=final,

@@ -193,6 +193,18 @@ def with_kv_offload_note(final: Verdict, facts: Facts) -> Verdict:
     return replace(final, summary=final.summary.rstrip() + note)
 
 
+def with_wsl_note(final: Verdict, facts: Facts) -> Verdict:
+    """Under WSL2 CUDA comes from the Windows driver: a Linux driver fix is the wrong remedy."""
+    if not facts.wsl or final.category is not Category.DRIVER_CUDA:
+        return final
+    note = (
+        " This runs under WSL2, where CUDA comes from the Windows NVIDIA driver through "
+        "/usr/lib/wsl/lib/libcuda.so: update the driver on Windows, and do not install a Linux "
+        "NVIDIA driver inside WSL (it shadows that library)."
+    )
+    return replace(final, summary=final.summary.rstrip() + note)
+
+
 def first_cause(findings: list[Finding]) -> list[Finding]:
     """A communication error after an out-of-memory error is the OOM's aftermath (the ranks that
     did not crash lose their peer while shutting down): the OOM comes first."""
