@@ -173,6 +173,14 @@ def timed(cmd: list[str]) -> tuple[float, int, str, int]:
     return float(wall_s), int(rss), body, int(rc)
 
 
+def print_rows(rows: list[tuple[str, str, str]]) -> None:
+    """The figures as aligned (name, value, note) columns."""
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    for name, value, note in rows:
+        print(f"{name:<{w0}}  {value:<{w1}}  {note}")
+
+
 def doctor_cmd() -> list[str]:
     exe = shutil.which("offload-doctor")
     return [exe] if exe else [sys.executable, "-m", "vllm_offload_doctor"]
@@ -230,10 +238,7 @@ def main() -> int:
             ("--version (median of 10)", f"{version_ms:.0f} ms",
              "target < 150 ms " + ("OK" if version_ms < 150 else "MISSED")),
         ]
-        w0 = max(len(r[0]) for r in rows)
-        w1 = max(len(r[1]) for r in rows)
-        for name, value, note in rows:
-            print(f"{name:<{w0}}  {value:<{w1}}  {note}")
+        print_rows(rows)
         if args.json:
             print(json.dumps({
                 "size_bytes": size, "grep_s": grep_wall, "grep_mb_s": grep_mbs,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from bench_analyze import DEFAULT_CORPUS, MB, OOM_TAIL, doctor_cmd, timed  # noqa: E402
+from bench_analyze import DEFAULT_CORPUS, MB, OOM_TAIL, doctor_cmd, print_rows, timed  # noqa: E402
 
 MIB = 2**20
 _PID = re.compile(r"pid=(\d+)")
@@ -137,9 +137,7 @@ def main() -> int:
                 "target < 100 MB " + ("OK" if an_rss * 1024 < 100 * MB else "MISSED"),
             ),
         ]
-        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
-        for name, value, note in rows:
-            print(f"{name:<{w0}}  {value:<{w1}}  {note}")
+        print_rows(rows)
         if args.json:
             print(
                 json.dumps(

@@ -34,7 +34,7 @@ from vllm_offload_doctor.patterns import (
     prefilter_words,
     span_finder,
 )
-from vllm_offload_doctor.rules import MATCH_TIMEOUT_S, Rule, load_rules, render_message
+from vllm_offload_doctor.rules import MATCH_TIMEOUT_S, Rule, load_rules
 
 _EXCEPTION = declare(
     r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
@@ -360,22 +360,9 @@ class _State:
             )
             if not rule.conditions_hold(values):
                 continue
+            evidence = tuple(hit.evidence) if hit else _fact_evidence(facts, self.collector, rule)
             groups = hit.groups if hit else {}
-            findings.append(
-                Finding(
-                    rule_id=rule.id,
-                    title=rule.title,
-                    severity=rule.severity,
-                    category=rule.category,
-                    message=render_message(rule.message, groups, values),
-                    remedy=render_message(rule.remedy, groups, values),
-                    links=rule.links,
-                    evidence=tuple(hit.evidence)
-                    if hit
-                    else _fact_evidence(facts, self.collector, rule),
-                    precedence=rule.precedence,
-                )
-            )
+            findings.append(verdict.rule_finding(rule, values, evidence, groups=groups))
         findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
         findings = verdict.first_cause(findings)
         crash = next((f for f in findings if f.category is Category.CRASH_OTHER), None)

@@ -23,7 +23,6 @@ import regex
 from vllm_offload_doctor.errors import RuleFileError
 from vllm_offload_doctor.model import Category
 from vllm_offload_doctor.patterns import Bounded
-from vllm_offload_doctor.reports import KEYWORDS as REPORT_KEYWORDS
 from vllm_offload_doctor.rules import Rule, builtin_rules_dir, load_rules
 
 FRAME_PRECEDENCE = 50  # above the generic crash rules, below every rule that reads the exception
@@ -79,7 +78,6 @@ class Knowledge:
             *self.wrapper_keywords,
             *self.death_keywords,
             *(f"{c}(" for c in calls),
-            *REPORT_KEYWORDS,
         )
 
     def frame_entry(self, fn: str, path: str) -> FrameEntry | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from vllm_offload_doctor.model import Facts
 from vllm_offload_doctor.normalize import Line
+from vllm_offload_doctor.patterns import declare_words
 
 # Words that reach the prefilter: each header or fact line below contains one of them.
 KEYWORDS = (
@@ -28,6 +29,7 @@ KEYWORDS = (
     "  evidence:", "most relevant lines:", "Artifacts: ", "GiB] ", "| ✅", "| ❌", "| ⚠", "| ➖",
     "vllm  ", "torch  ", "GPU 0: ",
 )
+declare_words(*KEYWORDS)
 
 _V = r"(?P<v>\d+\.\d+(?:\.\d+)?(?:[\w.+-]*?))(?=[\s,;)@]|$)"
 

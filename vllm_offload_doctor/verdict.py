@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,6 +73,37 @@ class Clues:
         return False
 
 
+def rule_finding(
+    rule: Rule,
+    values: dict[str, Any],
+    evidence: tuple[Evidence, ...],
+    *,
+    groups: Mapping[str, Any] | None = None,
+    remedy_groups: Mapping[str, Any] | None = None,
+    category: Category | None = None,
+    lead: str = "",
+    precedence: int | None = None,
+) -> Finding:
+    """A rule's finding; a frame or a catalogued message may lend it under its own category and
+    precedence, with a sentence (`lead`) saying where the cause was found."""
+    groups = groups or {}
+    return Finding(
+        rule_id=rule.id,
+        title=rule.title,
+        severity=rule.severity,
+        category=category or rule.category,
+        message=lead + render_message(rule.message, groups, values),
+        remedy=render_message(rule.remedy, groups if remedy_groups is None else remedy_groups, values),
+        links=rule.links,
+        evidence=evidence,
+        precedence=rule.precedence if precedence is None else precedence,
+    )
+
+
+def _rule(rules: Sequence[Rule], rule_id: str) -> Rule | None:
+    return next((r for r in rules if r.id == rule_id), None)
+
+
 def frame_finding(
     clues: Clues, rules: Sequence[Rule], values: dict[str, Any], exception: Evidence | None
 ) -> Finding | None:
@@ -80,21 +111,13 @@ def frame_finding(
     if clues.frame is None:
         return None
     evidence, entry = clues.frame
-    rule = next((r for r in rules if r.id == entry.rule), None)
+    rule = _rule(rules, entry.rule)
     if rule is None:
         return None
     shown = [evidence] if exception is None else sorted([evidence, exception], key=lambda e: e.line)
     where = f"The failing frame lies in {entry.id.replace('-', ' ')} code ({entry.source.split(';')[0]}). "
-    return Finding(
-        rule_id=rule.id,
-        title=rule.title,
-        severity=rule.severity,
-        category=entry.category,
-        message=where + render_message(rule.message, {}, values),
-        remedy=render_message(rule.remedy, {}, values),
-        links=rule.links,
-        evidence=tuple(shown),
-        precedence=FRAME_PRECEDENCE,
+    return rule_finding(
+        rule, values, tuple(shown), category=entry.category, lead=where, precedence=FRAME_PRECEDENCE
     )
 
 
@@ -114,20 +137,18 @@ def raise_finding(
         if raised is None:
             continue
         entry = raised.entry
-        rule = next((r for r in rules if r.id == entry.rule), None)
+        rule = _rule(rules, entry.rule)
         if rule is None:
             continue
         what = entry.source.rsplit(": ", 1)[-1]  # e.g. "config validation"
-        where = f"vLLM raises this message in {raised.file}, releases {raised.span()} ({what}). "
-        return Finding(
-            rule_id=rule.id,
-            title=rule.title,
-            severity=rule.severity,
+        return rule_finding(
+            rule,
+            values,
+            (evidence,),
+            groups={"why": text[:300].rstrip(". ")},
+            remedy_groups={},
             category=entry.category,
-            message=where + render_message(rule.message, {"why": text[:300].rstrip(". ")}, values),
-            remedy=render_message(rule.remedy, {}, values),
-            links=rule.links,
-            evidence=(evidence,),
+            lead=f"vLLM raises this message in {raised.file}, releases {raised.span()} ({what}). ",
             precedence=RAISE_PRECEDENCE,
         )
     return None
