@@ -141,7 +141,7 @@ def build_log(path: Path, size_mb: int, corpus: Path, seed: int = 1) -> int:
 
 
 def prefilter_ere() -> tuple[str, int]:
-    from vllm_offload_doctor.analyze import Engine
+    from vllm_offload_doctor.analyze.engine import Engine
 
     words = [w for w, _ in Engine().prefilter_words()]  # icase words as declared (lower case)
     # ERE escaping: everything that is not a word character is bracketed or backslashed.

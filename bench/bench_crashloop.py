@@ -84,7 +84,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
 
-    from vllm_offload_doctor.analyze import Engine
+    from vllm_offload_doctor.analyze.engine import Engine
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-crashloop-", dir=args.dir))
     log = workdir / "crashloop.log"

@@ -75,6 +75,16 @@ def _compiled(value: Any) -> bool:
     return hasattr(value, "pattern") and hasattr(value, "search")
 
 
+def _module(name: str) -> Any:
+    """A module of the code under test, wherever its layout keeps it."""
+    for package in ("vllm_offload_doctor.analyze", "vllm_offload_doctor.compare", "vllm_offload_doctor"):
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ImportError:
+            continue
+    raise ImportError(name)
+
+
 def _module_patterns(mod: Any, skip: set[int]) -> list[tuple[str, Any]]:
     out = []
     for name, value in vars(mod).items():
@@ -91,8 +101,13 @@ def _module_patterns(mod: Any, skip: set[int]) -> list[tuple[str, Any]]:
 
 def families() -> dict[str, list[tuple[str, Callable[[str], Any], tuple[str, ...]]]]:
     """family -> [(name, run(line), words)] for the package on sys.path."""
-    from vllm_offload_doctor import analyze, normalize
-
+    # The package layout of the code under test (a --ref may predate analyze/).
+    try:
+        from vllm_offload_doctor.analyze import engine as analyze
+        from vllm_offload_doctor.analyze import normalize
+    except ImportError:
+        analyze = importlib.import_module("vllm_offload_doctor.analyze")
+        normalize = importlib.import_module("vllm_offload_doctor.normalize")
     fam: dict[str, list[tuple[str, Callable[[str], Any], tuple[str, ...]]]] = {}
     fam["normalize"] = [
         ("normalize.parse", lambda t: normalize.parse(1, t), ()),
@@ -103,7 +118,7 @@ def families() -> dict[str, list[tuple[str, Callable[[str], Any], tuple[str, ...
         ),
     ]
     seen: set[int] = set()
-    facts_mod = importlib.import_module("vllm_offload_doctor.facts")
+    facts_mod = _module("facts")
     fact_list = []
     for name, p in _module_patterns(facts_mod, seen) + _module_patterns(analyze, seen):
         fact_list.append((name, p.search, _words_of(p)))
@@ -122,7 +137,7 @@ def families() -> dict[str, list[tuple[str, Callable[[str], Any], tuple[str, ...
     other = []
     for modname in ("verdict", "reports", "progress", "knowledge"):
         try:
-            mod = importlib.import_module(f"vllm_offload_doctor.{modname}")
+            mod = _module(modname)
         except ImportError:
             continue
         for name, p in _module_patterns(mod, seen):
@@ -182,7 +197,9 @@ def analyze_worst(size: int, limit_s: float, shapes_of: Iterable[tuple[str, str]
             path = Path(tmp) / "line.log"
             path.write_text(line + "\n", encoding="utf-8")
             code = (
-                "import sys, time; from pathlib import Path; from vllm_offload_doctor import analyze; "
+                "import sys, time; from pathlib import Path\n"
+                "try:\n    from vllm_offload_doctor.analyze import engine as analyze\n"
+                "except ImportError:\n    from vllm_offload_doctor import analyze\n"
                 "e = analyze.Engine(); t = time.perf_counter(); e.analyze_file(Path(sys.argv[1])); "
                 "print(time.perf_counter() - t)"
             )

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_offload_doctor.rules import Rule, load_rules
+from vllm_offload_doctor.analyze.rules import Rule, load_rules
 
 START = "<!-- rules:start -->"
 END = "<!-- rules:end -->"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_offload_doctor.analyze import analyze_lines
-from vllm_offload_doctor.model import OffloadStatus
+from vllm_offload_doctor.analyze.engine import analyze_lines
+from vllm_offload_doctor.analyze.model import OffloadStatus
 
 HEAD = [
     "(APIServer pid=10) INFO 11-29 15:16:40 [api_utils.py:339]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.25.1",

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import regex
 
-from vllm_offload_doctor import catalogue
+from vllm_offload_doctor.analyze import catalogue
+from vllm_offload_doctor.analyze.rules import Rule, SourceRef, load_rule, load_rules
 from vllm_offload_doctor.cli import main
 from vllm_offload_doctor.errors import RuleFileError
-from vllm_offload_doctor.rules import Rule, SourceRef, load_rule, load_rules
 
 CAT = catalogue.load()
 RULES = load_rules()

@@ -14,14 +14,15 @@ import click
 import pytest
 from test_checks import H100, NVML, PY, WSL2, FakeProbe
 
-from vllm_offload_doctor import probes, redact
-from vllm_offload_doctor.check_render import RENDERERS, render
+from vllm_offload_doctor import redact
 from vllm_offload_doctor.checks import Options, Status, run_checks
 from vllm_offload_doctor.checks.context import GIB
+from vllm_offload_doctor.checks.render import RENDERERS, render
 from vllm_offload_doctor.cli import main
 from vllm_offload_doctor.formats import OutputFormat
-from vllm_offload_doctor.ports import PortState
-from vllm_offload_doctor.probes import GpuProcess
+from vllm_offload_doctor.machine import probes
+from vllm_offload_doctor.machine.ports import PortState
+from vllm_offload_doctor.machine.probes import GpuProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 STATUSES = {s.value for s in Status}
@@ -156,7 +157,7 @@ def test_options_reach_the_checks(
 
 
 def test_every_format_choice_has_a_renderer_and_renders() -> None:
-    from vllm_offload_doctor.check_cli import check
+    from vllm_offload_doctor.checks.cli import check
 
     option = next(p for p in check.params if p.name == "fmt")
     assert isinstance(option.type, click.Choice)

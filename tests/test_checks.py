@@ -12,10 +12,10 @@ from vllm_offload_doctor.checks import CheckResult, Options, Report, Status, run
 from vllm_offload_doctor.checks.context import GIB, visible_indices
 from vllm_offload_doctor.checks.env import env_effect
 from vllm_offload_doctor.checks.platform import kernel_tuple
-from vllm_offload_doctor.fit import model_shape
-from vllm_offload_doctor.modelsize import ModelNotFoundError, ModelSize
-from vllm_offload_doctor.ports import PortState
-from vllm_offload_doctor.probes import (
+from vllm_offload_doctor.machine.fit import model_shape
+from vllm_offload_doctor.machine.modelsize import ModelNotFoundError, ModelSize
+from vllm_offload_doctor.machine.ports import PortState
+from vllm_offload_doctor.machine.probes import (
     GpuInfo,
     GpuProcess,
     HostMemory,

@@ -15,14 +15,14 @@ import pytest
 from click.testing import CliRunner
 from test_checks import FakeProbe
 
-from vllm_offload_doctor import probes
-from vllm_offload_doctor.analyze_cli import FORMATS, analyze
+from vllm_offload_doctor.analyze.cli import FORMATS, analyze
+from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
+from vllm_offload_doctor.analyze.rules import load_rules
 from vllm_offload_doctor.cli import cli
 from vllm_offload_doctor.color import paint, use_color
 from vllm_offload_doctor.errors import RuleFileError
 from vllm_offload_doctor.formats import ELLIPSIS, OutputFormat, shorten
-from vllm_offload_doctor.render import RENDERERS, Renderer
-from vllm_offload_doctor.rules import load_rules
+from vllm_offload_doctor.machine import probes
 
 ROOT = Path(__file__).resolve().parent.parent
 IGNORED_LOG = ROOT / "fixtures/logs/offload-ignored-v2-0.25.1.log"
@@ -210,7 +210,7 @@ def test_compare_takes_tensor_parallel_size_like_vllm(tmp_path: Path) -> None:
 
 
 def test_analyze_has_no_dead_format_enum() -> None:
-    import vllm_offload_doctor.render as render
+    import vllm_offload_doctor.analyze.render as render
 
     assert not hasattr(render, "OutputFormat") or render.OutputFormat is OutputFormat
 
@@ -231,8 +231,8 @@ def test_shorten_cuts_at_a_word_with_an_ellipsis() -> None:
 def test_long_evidence_and_summaries_end_in_an_ellipsis() -> None:
     from dataclasses import replace
 
-    from vllm_offload_doctor.analyze import analyze_file
-    from vllm_offload_doctor.model import Evidence
+    from vllm_offload_doctor.analyze.engine import analyze_file
+    from vllm_offload_doctor.analyze.model import Evidence
 
     analysis = analyze_file(IGNORED_LOG)
     long_line = "ERROR " + " ".join(f"word{i}" for i in range(120))
@@ -305,7 +305,8 @@ SAME_OPTION = (
 @pytest.mark.parametrize("name", ["check", "compare", "analyze", "rules"])
 def test_vllms_option_names_are_accepted_wherever_ours_are(name: str) -> None:
     assert isinstance(cli, click.Group)
-    command = cli.commands[name]
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
     for param in command.params:
         names = {*param.opts, *param.secondary_opts}
         for same in SAME_OPTION:
@@ -314,5 +315,7 @@ def test_vllms_option_names_are_accepted_wherever_ours_are(name: str) -> None:
 
 
 def test_check_takes_vllms_option_names() -> None:
-    params = {o for p in cli.commands["check"].params for o in (*p.opts, *p.secondary_opts)}
+    check = cli.get_command(click.Context(cli), "check")
+    assert check is not None
+    params = {o for p in check.params for o in (*p.opts, *p.secondary_opts)}
     assert {"--cpu-offload-gb", "-tp", "--tensor-parallel-size", "--offload-gb"} <= params

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-pytest.importorskip("vllm_offload_doctor.analyze")
+pytest.importorskip("vllm_offload_doctor.analyze.engine")
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fake-vllm"

@@ -28,7 +28,7 @@ from test_compare_e2e import (
     run_compare,
 )
 
-pytest.importorskip("vllm_offload_doctor.analyze")
+pytest.importorskip("vllm_offload_doctor.analyze.engine")
 
 
 # ---------------------------------------------------------------------------- needs offload

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from vllm_offload_doctor import compare_cli
 from vllm_offload_doctor.compare import (
     DEFAULT_MODEL,
     DEFAULT_REVISION,
@@ -20,6 +19,7 @@ from vllm_offload_doctor.compare import (
     compare_pair,
     relevant_env,
 )
+from vllm_offload_doctor.compare import cli as compare_cli
 from vllm_offload_doctor.compare.model import CompareReport, ModeResult
 from vllm_offload_doctor.compare.render import render_markdown, render_text
 from vllm_offload_doctor.errors import DoctorError

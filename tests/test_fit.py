@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload_doctor.fit import GIB, FitPlan, model_shape, plan
-from vllm_offload_doctor.modelsize import size_model
+from vllm_offload_doctor.machine.fit import GIB, FitPlan, model_shape, plan
+from vllm_offload_doctor.machine.modelsize import size_model
 
 # The section-6 model of ../shared/device/README.md (Qwen3 scaled up to 81.5 B parameters): the
 # config.json vLLM loaded on the H200, kept beside the bisection it was measured with.
@@ -90,7 +90,7 @@ def test_check_agrees_with_the_bisection(h200_model: Path) -> None:
     from test_checks import PY, FakeProbe
 
     from vllm_offload_doctor.checks import Options, Status, run_checks
-    from vllm_offload_doctor.probes import NvmlInfo
+    from vllm_offload_doctor.machine.probes import NvmlInfo
 
     probe = FakeProbe(
         model=size_model(h200_model),
@@ -208,7 +208,7 @@ def test_check_plans_the_h200_run_without_a_gpu(h200_model: Path) -> None:
     from test_checks import PY, FakeProbe
 
     from vllm_offload_doctor.checks import Options, Status, run_checks
-    from vllm_offload_doctor.probes import NvmlInfo
+    from vllm_offload_doctor.machine.probes import NvmlInfo
 
     probe = FakeProbe(
         model=size_model(h200_model),

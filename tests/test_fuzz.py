@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 from planted_secrets import PLACES, SECRETS, SELF_EVIDENT, assert_no_leak, leaks, planted_line
 from shared_corpus import CORPUS, NOT_FOUND
 
-from vllm_offload_doctor import logread, redact
-from vllm_offload_doctor.analyze import Engine
+from vllm_offload_doctor import redact
+from vllm_offload_doctor.analyze import logread
+from vllm_offload_doctor.analyze.engine import Engine
+from vllm_offload_doctor.analyze.model import Analysis, Category
+from vllm_offload_doctor.analyze.render import Renderer
 from vllm_offload_doctor.errors import InputError
-from vllm_offload_doctor.model import Analysis, Category
-from vllm_offload_doctor.render import Renderer
 
 CATEGORIES = {c.value for c in Category}
 SEEDS = ["A-012.log", "B-005.log", "H-002.log", "H-003.log", "B-021.log", "C-016.log"]
@@ -184,8 +185,8 @@ def test_pathological_lines_finish(tmp_path: Path) -> None:
     # One interpreter for all of them: the subprocess timeout is the hang guard.
     code = (
         "import sys, json, pathlib\n"
-        "from vllm_offload_doctor import logread\n"
-        "from vllm_offload_doctor.analyze import Engine\n"
+        "from vllm_offload_doctor.analyze import logread\n"
+        "from vllm_offload_doctor.analyze.engine import Engine\n"
         "e = Engine()\n"
         "for i, line in enumerate(json.load(sys.stdin)):\n"
         "    p = pathlib.Path(sys.argv[1]) / f'{i}.log'\n"

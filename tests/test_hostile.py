@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vllm_offload_doctor import analyze
-from vllm_offload_doctor.knowledge import builtin_knowledge
-from vllm_offload_doctor.patterns import MAX_TEXT, Bounded, declared
+from vllm_offload_doctor.analyze import engine as analyze
+from vllm_offload_doctor.analyze.knowledge import builtin_knowledge
+from vllm_offload_doctor.analyze.patterns import MAX_TEXT, Bounded, declared
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_GUARD_S = 120
@@ -36,9 +36,10 @@ EVERY_PATTERN = (
     SHAPES
     + """
 import json
-from vllm_offload_doctor import analyze, normalize
-from vllm_offload_doctor.facts import FactCollector
-from vllm_offload_doctor.patterns import declared
+from vllm_offload_doctor.analyze import engine as analyze
+from vllm_offload_doctor.analyze import normalize
+from vllm_offload_doctor.analyze.facts import FactCollector
+from vllm_offload_doctor.analyze.patterns import declared
 engine = analyze.Engine()
 know = engine.knowledge
 runs = {"normalize": 0, "declared": 0, "rules": 0, "knowledge": 0, "collector": 0}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_inputs import OOM_LOG, category, one_line_error, run
 
-from vllm_offload_doctor import logread
+from vllm_offload_doctor.analyze import logread
 from vllm_offload_doctor.errors import InputError
 
 FILLER = b"INFO 11-24 14:38:00 [metrics.py:1] idle; nothing to report on this line\n"

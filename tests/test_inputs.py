@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from shared_corpus import CORPUS, NOT_FOUND
 
-from vllm_offload_doctor import logread
+from vllm_offload_doctor.analyze import logread
 
 OOM_LOG = """\
 INFO 11-24 14:37:21 api_server.py:528] vLLM API server version 0.6.3

@@ -1,4 +1,4 @@
-"""One place each: links in `links.py` (rules spell shared ones the same way), SCHEMA_VERSION in `schema.py`."""
+"""One place each: links in `links.py` (rules spell shared ones the same way), SCHEMA_VERSION in `formats.py`."""
 
 from __future__ import annotations
 
@@ -50,11 +50,11 @@ def test_code_writes_no_link_out() -> None:
 
 
 def test_one_schema_version() -> None:
-    """check json, analyze json/jsonl and report.json share schema.SCHEMA_VERSION."""
+    """check json, analyze json/jsonl and report.json share formats.SCHEMA_VERSION."""
     package = ROOT / "vllm_offload_doctor"
     defined = [
         str(path.relative_to(package))
         for path in package.rglob("*.py")
         if path.name not in PENDING and re.search(r"^SCHEMA_VERSION\s*=", path.read_text(), re.M)
     ]
-    assert defined == ["schema.py"]
+    assert defined == ["formats.py"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_offload_doctor.analyze import analyze_lines
-from vllm_offload_doctor.knowledge import builtin_knowledge
+from vllm_offload_doctor.analyze.engine import analyze_lines
+from vllm_offload_doctor.analyze.knowledge import builtin_knowledge
 
 KNOW = builtin_knowledge()
 EXC = [(e.id, e.category, line, True) for e in KNOW.exceptions for line in e.fire] + [
@@ -39,7 +39,7 @@ def test_every_entry_has_a_quiet_line() -> None:
 def _broken_maps(tmp_path, old: str, new: str, name: str = "exceptions.toml"):  # type: ignore[no-untyped-def]
     import shutil
 
-    from vllm_offload_doctor.knowledge import maps_dir
+    from vllm_offload_doctor.analyze.knowledge import maps_dir
 
     for f in ("exceptions.toml", "frames.toml"):
         shutil.copy(maps_dir() / f, tmp_path / f)
@@ -61,9 +61,9 @@ def _broken_maps(tmp_path, old: str, new: str, name: str = "exceptions.toml"):  
     ],
 )
 def test_broken_map_names_file_and_key(tmp_path, old: str, new: str, name: str, key: str) -> None:  # type: ignore[no-untyped-def]
+    from vllm_offload_doctor.analyze.knowledge import load_knowledge
+    from vllm_offload_doctor.analyze.rules import load_rules
     from vllm_offload_doctor.errors import RuleFileError
-    from vllm_offload_doctor.knowledge import load_knowledge
-    from vllm_offload_doctor.rules import load_rules
 
     directory = _broken_maps(tmp_path, old, new, name)
     with pytest.raises(RuleFileError) as err:

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_offload_doctor import measure
-from vllm_offload_doctor.measure import (
+from vllm_offload_doctor.compare import measure
+from vllm_offload_doctor.compare.measure import (
     RequestResult,
     answer_matches,
     chat_request,
@@ -214,8 +214,7 @@ def test_gpu_snapshot_survives_a_broken_pynvml(monkeypatch: pytest.MonkeyPatch) 
 def test_gpu_snapshot_reads_nvml_through_the_check_reader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from vllm_offload_doctor import probes
-
+    from vllm_offload_doctor.machine import probes
     calls = []
 
     def reader() -> probes.NvmlInfo:

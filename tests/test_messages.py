@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_offload_doctor.rules import fields_outside_segments, load_rules, render_message
+from vllm_offload_doctor.analyze.rules import fields_outside_segments, load_rules, render_message
 
 RULES = load_rules()
 

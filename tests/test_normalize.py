@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_offload_doctor.normalize import SPLIT_THRESHOLD, clean, parse, split_long
+from vllm_offload_doctor.analyze.normalize import SPLIT_THRESHOLD, clean, parse, split_long
 
 
 # -- logger formats of each era ---------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_github_table_rows_of_other_content_stay(raw: str) -> None:
 def test_log_pasted_in_a_github_table_is_read() -> None:
     from pathlib import Path
 
-    from vllm_offload_doctor.analyze import analyze_file
+    from vllm_offload_doctor.analyze.engine import analyze_file
 
     a = analyze_file(Path(__file__).parent / "pasted" / "github-table-config-error.log")
     assert a.facts.vllm_version == "0.10.1"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload_doctor import analyze
-from vllm_offload_doctor.patterns import declared, literal_matcher, span_finder
+from vllm_offload_doctor.analyze import engine as analyze
+from vllm_offload_doctor.analyze.patterns import declared, literal_matcher, span_finder
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
@@ -69,8 +69,8 @@ def test_every_declared_pattern_has_its_words_in_the_prefilter() -> None:
 
 def test_a_pattern_without_its_word_never_matches() -> None:
     # The words gate the pattern on every path, so a wrong word fails tests built on lines too.
-    from vllm_offload_doctor import patterns
-    from vllm_offload_doctor.patterns import declare
+    from vllm_offload_doctor.analyze import patterns
+    from vllm_offload_doctor.analyze.patterns import declare
 
     d = declare(r"took (?P<s>\d+) s", "seconds")
     try:

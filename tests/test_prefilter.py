@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from shared_corpus import CORPUS
 
-from vllm_offload_doctor import analyze
+from vllm_offload_doctor.analyze import engine as analyze
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 

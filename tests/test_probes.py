@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from vllm_offload_doctor import probes
-from vllm_offload_doctor.modelsize import (
+from vllm_offload_doctor.machine import probes
+from vllm_offload_doctor.machine.modelsize import (
     ModelNotFoundError,
     ModelSizeUnknownError,
     estimate_bytes,
     inspect_model,
     locate_model,
 )
-from vllm_offload_doctor.probes import (
+from vllm_offload_doctor.machine.probes import (
     RealProbe,
     cuda_version,
     find_interpreter,

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_offload_doctor import catalogue
-from vllm_offload_doctor.analyze import analyze_lines
-from vllm_offload_doctor.knowledge import RAISE_PRECEDENCE, builtin_knowledge
-from vllm_offload_doctor.model import Analysis, Category
-from vllm_offload_doctor.raises import MIN_LITERAL, RaiseMap, build, builtin_raises, template_regex
+from vllm_offload_doctor.analyze import catalogue
+from vllm_offload_doctor.analyze.engine import analyze_lines
+from vllm_offload_doctor.analyze.knowledge import RAISE_PRECEDENCE, builtin_knowledge
+from vllm_offload_doctor.analyze.model import Analysis, Category
+from vllm_offload_doctor.analyze.raises import (
+    MIN_LITERAL,
+    RaiseMap,
+    build,
+    builtin_raises,
+    template_regex,
+)
 
 CAT = catalogue.load()
 RAISES = builtin_raises()

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from vllm_offload_doctor.rules import load_rules
+from vllm_offload_doctor.analyze.rules import load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "rule_table.py"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload_doctor.analyze import analyze_file, analyze_lines
-from vllm_offload_doctor.model import Category
+from vllm_offload_doctor.analyze.engine import analyze_file, analyze_lines
+from vllm_offload_doctor.analyze.model import Category
 
 HERE = Path(__file__).parent / "pasted"
 FIXTURES = Path(__file__).parent.parent / "fixtures"

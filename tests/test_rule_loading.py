@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from vllm_offload_doctor import rules as rules_module
-from vllm_offload_doctor.analyze import Engine
+from vllm_offload_doctor.analyze import rules as rules_module
+from vllm_offload_doctor.analyze.engine import Engine
+from vllm_offload_doctor.analyze.rules import load_rule, load_rules
 from vllm_offload_doctor.cli import main
 from vllm_offload_doctor.errors import RuleFileError
-from vllm_offload_doctor.rules import load_rule, load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY_LOG = ROOT / "fixtures" / "logs" / "healthy-0.25.1.log"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload_doctor.analyze import Engine
-from vllm_offload_doctor.model import Category, OffloadStatus
-from vllm_offload_doctor.rules import Case, Rule, builtin_rules_dir, load_rules
+from vllm_offload_doctor.analyze.engine import Engine
+from vllm_offload_doctor.analyze.model import Category, OffloadStatus
+from vllm_offload_doctor.analyze.rules import Case, Rule, builtin_rules_dir, load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "rules"

@@ -12,8 +12,8 @@ import re2
 from planted_secrets import SECRET_ARGV, SECRET_ENV, SECRETS, assert_no_leak, leaks, secret_log
 
 from vllm_offload_doctor import cli, redact
-from vllm_offload_doctor.analyze import Engine
-from vllm_offload_doctor.render import Renderer
+from vllm_offload_doctor.analyze.engine import Engine
+from vllm_offload_doctor.analyze.render import Renderer
 
 FORMATS = ("text", "json", "jsonl", "markdown")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vllm_offload_doctor.server import RUN_TAG, ServerProcess
+from vllm_offload_doctor.compare.server import RUN_TAG, ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fake-vllm"

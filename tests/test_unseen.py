@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload_doctor.analyze import analyze_file, analyze_lines
+from vllm_offload_doctor.analyze.engine import analyze_file, analyze_lines
 
 HERE = Path(__file__).parent / "unseen"
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_offload_doctor.analyze import analyze_lines
-from vllm_offload_doctor.facts import FactCollector
-from vllm_offload_doctor.normalize import parse
+from vllm_offload_doctor.analyze.engine import analyze_lines
+from vllm_offload_doctor.analyze.facts import FactCollector
+from vllm_offload_doctor.analyze.normalize import parse
 
 
 def _collect(*lines: str) -> FactCollector:

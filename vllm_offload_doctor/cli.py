@@ -7,6 +7,7 @@ Heavy imports (httpx, pynvml, psutil, regex) happen inside the commands so that
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -16,27 +17,38 @@ import click
 from vllm_offload_doctor import __version__, exitcodes
 from vllm_offload_doctor.errors import DoctorError
 
+# Workflow order; each command's module is imported only when that command runs, so
+# `--version` and `check` never pay for compare or analyze.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("vllm_offload_doctor.checks.cli", "check"),
+    "compare": ("vllm_offload_doctor.compare.cli", "compare"),
+    "analyze": ("vllm_offload_doctor.analyze.cli", "analyze"),
+    "rules": ("vllm_offload_doctor.analyze.cli", "rules"),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module_name, attr = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="offload-doctor")
 def cli() -> None:
     """The truth about vLLM's --cpu-offload-gb.
 
     Run `offload-doctor COMMAND --help` for a command's options.
     """
-
-
-def _register() -> None:
-    from vllm_offload_doctor.analyze_cli import analyze, rules
-    from vllm_offload_doctor.check_cli import check
-    from vllm_offload_doctor.compare_cli import compare
-
-    commands: tuple[click.Command, ...] = (check, compare, analyze, rules)
-    for command in commands:
-        cli.add_command(command)
-
-
-_register()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

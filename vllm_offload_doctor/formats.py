@@ -1,4 +1,4 @@
-"""The output formats every command chooses from, and the text helpers their renderers share.
+"""The output formats every command chooses from, their schema version, and the text helpers their renderers share.
 
 Each command keeps one registry `RENDERERS: dict[OutputFormat, ...]` beside its renderers; its
 `--format` choices are that registry's keys (`common_cli.format_option`), so a format exists for a
@@ -11,6 +11,11 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 ELLIPSIS = "…"
+
+# The version of every machine-readable output (check --format json, analyze json/jsonl,
+# report.json). Raise it only for a change a consumer must adapt to (a key removed or renamed, a
+# meaning changed); new keys keep it.
+SCHEMA_VERSION = 1
 
 
 class OutputFormat(StrEnum):

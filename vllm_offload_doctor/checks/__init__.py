@@ -22,7 +22,7 @@ from vllm_offload_doctor.checks.model import CheckResult, Options, Report, Resul
 
 if TYPE_CHECKING:
     from vllm_offload_doctor.checks.registry import Check
-    from vllm_offload_doctor.probes import Probe
+    from vllm_offload_doctor.machine.probes import Probe
 
 __all__ = [
     "MODULES",

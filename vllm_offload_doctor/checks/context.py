@@ -12,7 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor.checks.model import Options
 from vllm_offload_doctor.errors import ProbeError
-from vllm_offload_doctor.probes import (
+from vllm_offload_doctor.machine.probes import (
     GpuInfo,
     HostMemory,
     InterpreterInfo,

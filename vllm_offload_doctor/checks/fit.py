@@ -4,7 +4,7 @@ Needs `--model` (a local directory, or a repo id already in the Hugging Face cac
 The need per GPU is weights / TP + the KV cache of one `--max-model-len` request (default: the
 model's own limit; in `--kv-cache-dtype`, default the model's dtype) + the activation peak of vLLM's profiling pass + non-torch overhead; the budget is
 `--gpu-memory-utilization` (default: the installed vLLM's, 0.92 from 0.20.0, 0.9 before) x the
-smallest GPU used. The arithmetic and its calibration on an H200 are in `vllm_offload_doctor.fit`.
+smallest GPU used. The arithmetic and its calibration on an H200 are in `vllm_offload_doctor.machine.fit`.
 Fails when the weights do not fit with the offload given, warns when offload is given but not
 needed (it only costs speed) or is more than the weights. Without a GPU it still reports the need;
 `--gpu-memory-gib N` plans for a GPU you do not have.
@@ -16,9 +16,9 @@ from vllm_offload_doctor.checks.context import GIB, Context, gib
 from vllm_offload_doctor.checks.model import CheckResult, Result
 from vllm_offload_doctor.checks.registry import register
 from vllm_offload_doctor.errors import ProbeError
-from vllm_offload_doctor.fit import FitPlan, plan
 from vllm_offload_doctor.links import DOCS_MEMORY, ISSUE_FITS_ANYWAY
-from vllm_offload_doctor.modelsize import ModelSize
+from vllm_offload_doctor.machine.fit import FitPlan, plan
+from vllm_offload_doctor.machine.modelsize import ModelSize
 
 
 @register("fit", "Model fit")

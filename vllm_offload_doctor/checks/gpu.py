@@ -18,8 +18,8 @@ from vllm_offload_doctor.checks.context import Context, gib, visible_indices
 from vllm_offload_doctor.checks.model import CheckResult, Result, Status, worst
 from vllm_offload_doctor.checks.registry import register
 from vllm_offload_doctor.links import DOCS_GPU
-from vllm_offload_doctor.pcie import PRACTICAL_FRACTION, link_bandwidth_gbs, step_cost_ms
-from vllm_offload_doctor.probes import GpuInfo
+from vllm_offload_doctor.machine.pcie import PRACTICAL_FRACTION, link_bandwidth_gbs, step_cost_ms
+from vllm_offload_doctor.machine.probes import GpuInfo
 
 Problem = tuple[Status, str, str]  # status, problem, remedy
 

@@ -12,7 +12,7 @@ from vllm_offload_doctor.checks.context import GIB, Context, gib
 from vllm_offload_doctor.checks.model import CheckResult, Result
 from vllm_offload_doctor.checks.registry import register
 from vllm_offload_doctor.links import DOCS_MEMORY, ISSUE_HOST_RAM
-from vllm_offload_doctor.probes import HostMemory
+from vllm_offload_doctor.machine.probes import HostMemory
 
 HOST_FACTOR = 1.9  # host RAM per offloaded GiB per GPU (vLLM issue #56410)
 

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from vllm_offload_doctor import __version__
-from vllm_offload_doctor.schema import SCHEMA_VERSION
+from vllm_offload_doctor.formats import SCHEMA_VERSION
 
 
 class Status(StrEnum):

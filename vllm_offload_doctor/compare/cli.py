@@ -199,7 +199,7 @@ def compare(
         with_tensor_parallel,
     )
     from vllm_offload_doctor.compare.run import CompareRun
-    from vllm_offload_doctor.server import Terminated, sigterm_as_interrupt
+    from vllm_offload_doctor.compare.server import Terminated, sigterm_as_interrupt
 
     extra, own = absorb_passthrough(
         with_tensor_parallel(list(vllm_args), tensor_parallel_size),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from vllm_offload_doctor.compare.records import LogFacts, ModeAnalysis, OomFigures, RankFacts
 
 if TYPE_CHECKING:
-    from vllm_offload_doctor.model import Analysis
+    from vllm_offload_doctor.analyze.model import Analysis
 
 MAX_LINE = 16384  # longer lines are cut before any pattern sees them
 _UNIT = {"bytes": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0}
@@ -104,7 +104,7 @@ def mode_analysis(a: Analysis) -> ModeAnalysis:
 
 def read_mode_log(path: Path, name: str) -> tuple[ModeAnalysis, LogFacts, str | None]:
     """A mode's log through the analyze engine: its verdict, its figures, its last notable line."""
-    from vllm_offload_doctor.analyze import analyze_file
+    from vllm_offload_doctor.analyze.engine import analyze_file
 
     a = analyze_file(path, display_name=name)
     last = a.notable[-1].text if a.notable else None

@@ -17,7 +17,7 @@ from vllm_offload_doctor.compare.records import (
 )
 
 if TYPE_CHECKING:
-    from vllm_offload_doctor.server import ServerProcess
+    from vllm_offload_doctor.compare.server import ServerProcess
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -27,7 +27,7 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 def measure(srv: ServerProcess, cfg: CompareConfig, api_key: str | None) -> Served:
     import httpx
 
-    from vllm_offload_doctor.measure import (
+    from vllm_offload_doctor.compare.measure import (
         RequestResult,
         chat_request,
         fetch_info,

@@ -24,7 +24,7 @@ from vllm_offload_doctor.compare.records import (
     Stop,
     pack,
 )
-from vllm_offload_doctor.schema import SCHEMA_VERSION
+from vllm_offload_doctor.formats import SCHEMA_VERSION
 
 
 class CompareStatus(StrEnum):

@@ -8,7 +8,7 @@ reported as inconsistent (prefill share, noise, too few requests), never as a ba
 from __future__ import annotations
 
 from vllm_offload_doctor.compare.model import Link, ModeResult, Performance
-from vllm_offload_doctor.pcie import PRACTICAL_FRACTION, step_cost_ms
+from vllm_offload_doctor.machine.pcie import PRACTICAL_FRACTION, step_cost_ms
 
 MIN_TRUSTED_REQUESTS = 3
 

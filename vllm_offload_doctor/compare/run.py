@@ -49,7 +49,7 @@ from vllm_offload_doctor.errors import DoctorError, PortInUseError, ServerStartE
 from vllm_offload_doctor.redact import scrub_argv, scrub_data, scrub_text
 
 if TYPE_CHECKING:
-    from vllm_offload_doctor.server import ServerProcess
+    from vllm_offload_doctor.compare.server import ServerProcess
 
 
 def _now() -> str:
@@ -212,7 +212,7 @@ class CompareRun:
         mml = self.cfg.max_model_len
         if base.ok:
             return FitInputs(None, util, mml)
-        from vllm_offload_doctor.modelsize import inspect_model
+        from vllm_offload_doctor.machine.modelsize import inspect_model
 
         try:
             size = inspect_model(self.cfg.model, os.environ, Path.home())
@@ -263,9 +263,9 @@ class CompareRun:
     def run_mode(
         self, i: int, n: int, gb: float, role: Role, env: dict[str, str] | None = None
     ) -> ModeResult:
-        from vllm_offload_doctor.ports import probe_port
-        from vllm_offload_doctor.progress import LogFollower, Progress
-        from vllm_offload_doctor.server import ServerProcess
+        from vllm_offload_doctor.compare.progress import LogFollower, Progress
+        from vllm_offload_doctor.compare.server import ServerProcess
+        from vllm_offload_doctor.machine.ports import probe_port
 
         cfg = self.cfg
         label = fmt_gb(gb) + ("-fix" if role == Role.VERIFY_FIX else "")

@@ -14,9 +14,9 @@ import re
 from collections import deque
 from typing import Any
 
-from vllm_offload_doctor.model import Facts, RankOffload
-from vllm_offload_doctor.normalize import Line
-from vllm_offload_doctor.patterns import (
+from vllm_offload_doctor.analyze.model import Facts, RankOffload
+from vllm_offload_doctor.analyze.normalize import Line
+from vllm_offload_doctor.analyze.patterns import (
     MAX_TEXT,
     Declared,
     declare,

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from vllm_offload_doctor.facts import PHASE_TABLE
-from vllm_offload_doctor.normalize import parse
-from vllm_offload_doctor.patterns import MAX_TEXT
+from vllm_offload_doctor.analyze.facts import PHASE_TABLE
+from vllm_offload_doctor.analyze.normalize import parse
+from vllm_offload_doctor.analyze.patterns import MAX_TEXT
 
 FAILED = re.compile(
     r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"

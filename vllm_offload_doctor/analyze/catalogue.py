@@ -20,7 +20,7 @@ from typing import Any
 
 import regex
 
-from vllm_offload_doctor.rules import MATCH_TIMEOUT_S, Rule
+from vllm_offload_doctor.analyze.rules import MATCH_TIMEOUT_S, Rule
 
 FORMAT = "vllm-messages/1"
 # A pattern that matches more catalogued messages than this recognises a shape, not a message.

@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_offload_doctor.pcie import pcie_bandwidth_gbs
-from vllm_offload_doctor.probes import GpuInfo, NvmlInfo, read_nvml
+from vllm_offload_doctor.machine.pcie import pcie_bandwidth_gbs
+from vllm_offload_doctor.machine.probes import GpuInfo, NvmlInfo, read_nvml
 
 MIB = 1024 * 1024
 UNAUTHORIZED = (

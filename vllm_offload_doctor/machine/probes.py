@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from vllm_offload_doctor.modelsize import ModelSize, inspect_model
-from vllm_offload_doctor.ports import PortState, probe_port
+from vllm_offload_doctor.machine.modelsize import ModelSize, inspect_model
+from vllm_offload_doctor.machine.ports import PortState, probe_port
 
 INTERPRETER_TIMEOUT_S = 10.0
 # Above this a cgroup "limit" means "no limit" (v1 reports 2**63 rounded to the page size).

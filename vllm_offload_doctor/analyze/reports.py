@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from vllm_offload_doctor.model import Facts
-from vllm_offload_doctor.normalize import Line
-from vllm_offload_doctor.patterns import declare_words
+from vllm_offload_doctor.analyze.model import Facts
+from vllm_offload_doctor.analyze.normalize import Line
+from vllm_offload_doctor.analyze.patterns import declare_words
 
 # Words that reach the prefilter: each header or fact line below contains one of them.
 KEYWORDS = (

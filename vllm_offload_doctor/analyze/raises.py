@@ -19,9 +19,9 @@ from typing import Any
 
 import regex
 
-from vllm_offload_doctor import catalogue
-from vllm_offload_doctor.knowledge import FrameEntry, Knowledge, builtin_knowledge
-from vllm_offload_doctor.patterns import MAX_TEXT
+from vllm_offload_doctor.analyze import catalogue
+from vllm_offload_doctor.analyze.knowledge import FrameEntry, Knowledge, builtin_knowledge
+from vllm_offload_doctor.analyze.patterns import MAX_TEXT
 
 MIN_LITERAL = 20  # literal characters a template needs to lend its category
 _FIELD = regex.compile(r"\{\{|\}\}|\{([^{}]*)\}")

@@ -15,11 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, RAISE_PRECEDENCE, FrameEntry, Knowledge
-from vllm_offload_doctor.model import Category, Evidence, Facts, Finding, Severity, Verdict
-from vllm_offload_doctor.normalize import Line
-from vllm_offload_doctor.raises import MIN_LITERAL, RaiseMap
-from vllm_offload_doctor.rules import Rule, render_message
+from vllm_offload_doctor.analyze.knowledge import (
+    FRAME_PRECEDENCE,
+    RAISE_PRECEDENCE,
+    FrameEntry,
+    Knowledge,
+)
+from vllm_offload_doctor.analyze.model import Category, Evidence, Facts, Finding, Severity, Verdict
+from vllm_offload_doctor.analyze.normalize import Line
+from vllm_offload_doctor.analyze.raises import MIN_LITERAL, RaiseMap
+from vllm_offload_doctor.analyze.rules import Rule, render_message
 
 _METHOD = re.compile(r"while processing method (\w+)")
 MAX_EXCEPTIONS = 16

@@ -11,11 +11,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor import logread, raises, repeats, reports, verdict
-from vllm_offload_doctor.errors import InputError
-from vllm_offload_doctor.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
-from vllm_offload_doctor.knowledge import Knowledge, builtin_knowledge, lend_exceptions
-from vllm_offload_doctor.model import (
+from vllm_offload_doctor.analyze import logread, raises, repeats, reports, verdict
+from vllm_offload_doctor.analyze.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
+from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
+from vllm_offload_doctor.analyze.model import (
     Analysis,
     Category,
     Evidence,
@@ -26,15 +25,16 @@ from vllm_offload_doctor.model import (
     Severity,
     Verdict,
 )
-from vllm_offload_doctor.normalize import SPLIT_THRESHOLD, Line, parse, split_long
-from vllm_offload_doctor.patterns import (
+from vllm_offload_doctor.analyze.normalize import SPLIT_THRESHOLD, Line, parse, split_long
+from vllm_offload_doctor.analyze.patterns import (
     declare,
     declare_words,
     literal_matcher,
     prefilter_words,
     span_finder,
 )
-from vllm_offload_doctor.rules import MATCH_TIMEOUT_S, Rule, load_rules
+from vllm_offload_doctor.analyze.rules import MATCH_TIMEOUT_S, Rule, load_rules
+from vllm_offload_doctor.errors import InputError
 
 _EXCEPTION = declare(
     r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",

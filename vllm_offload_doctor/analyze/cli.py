@@ -14,7 +14,7 @@ from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.formats import OutputFormat
 
 if TYPE_CHECKING:
-    from vllm_offload_doctor.rules import Rule
+    from vllm_offload_doctor.analyze.rules import Rule
 
 # analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
 # here so that `offload-doctor --help` does not import the renderer.
@@ -76,10 +76,10 @@ def analyze(
     *.log, *.txt, *.out, *.err and compressed log under them) or - for stdin.
     Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read.
     """
-    from vllm_offload_doctor import logread
-    from vllm_offload_doctor.analyze import Engine
+    from vllm_offload_doctor.analyze import logread
+    from vllm_offload_doctor.analyze.engine import Engine
+    from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
     from vllm_offload_doctor.redact import scrub_text
-    from vllm_offload_doctor.render import RENDERERS, Renderer
 
     engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
@@ -121,7 +121,7 @@ def analyze(
 )
 def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
     """List the rules, or explain one (by id or name)."""
-    from vllm_offload_doctor.rules import load_rules
+    from vllm_offload_doctor.analyze.rules import load_rules
 
     loaded = load_rules(rule_dirs)
     if rule_id is None:
@@ -159,8 +159,7 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
 
 def _catalogue() -> object:
     """The catalogue, or the error that names why it cannot be read."""
-    from vllm_offload_doctor import catalogue
-
+    from vllm_offload_doctor.analyze import catalogue
     try:
         return catalogue.load()
     except catalogue.CatalogueError as exc:
@@ -169,8 +168,8 @@ def _catalogue() -> object:
 
 def _sources(r: object, lines: list[str] | None, cat: object = None) -> dict[str, object]:
     """The catalogued vLLM messages a rule matches: appended to `lines`, or as a JSON entry."""
-    from vllm_offload_doctor import catalogue
-    from vllm_offload_doctor.rules import Rule
+    from vllm_offload_doctor.analyze import catalogue
+    from vllm_offload_doctor.analyze.rules import Rule
 
     assert isinstance(r, Rule)
     cat = _catalogue() if cat is None else cat
@@ -198,7 +197,7 @@ def _rule_table(loaded: list[Rule]) -> str:
 
 
 def _rule_dict(r: object) -> dict[str, object]:
-    from vllm_offload_doctor.rules import Rule
+    from vllm_offload_doctor.analyze.rules import Rule
 
     assert isinstance(r, Rule)
     return {

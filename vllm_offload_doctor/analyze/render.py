@@ -12,11 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_offload_doctor.analyze.model import Analysis, Category, RankOffload
 from vllm_offload_doctor.color import paint
-from vllm_offload_doctor.formats import OutputFormat, shorten
-from vllm_offload_doctor.model import Analysis, Category, RankOffload
+from vllm_offload_doctor.formats import SCHEMA_VERSION, OutputFormat, shorten
 from vllm_offload_doctor.redact import redact, scrub_data, scrub_text
-from vllm_offload_doctor.schema import SCHEMA_VERSION
 
 EVIDENCE_WIDTH = 300  # characters of a log line shown as evidence
 SUMMARY_WIDTH = 100  # characters of a summary in the triage table

@@ -23,9 +23,9 @@ import regex
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from vllm_offload_doctor.analyze.model import Category, Severity
+from vllm_offload_doctor.analyze.patterns import Bounded
 from vllm_offload_doctor.errors import RuleFileError
-from vllm_offload_doctor.model import Category, Severity
-from vllm_offload_doctor.patterns import Bounded
 
 MATCH_TIMEOUT_S = 0.05
 # A rule file is a few hundred bytes; a directory of rules a few dozen files.
@@ -213,7 +213,7 @@ def builtin_rules_dir() -> Path:
     packaged = Path(str(importlib.resources.files("vllm_offload_doctor"))) / "rules"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "rules"
+    return Path(__file__).resolve().parents[2] / "rules"
 
 
 def load_rules(extra_dirs: Iterable[Path] = ()) -> list[Rule]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.errors import InputError, ProbeError
-from vllm_offload_doctor.fit import DTYPE_BYTES, ModelShape, model_shape
+from vllm_offload_doctor.machine.fit import DTYPE_BYTES, ModelShape, model_shape
 
 
 class ModelNotFoundError(ProbeError):

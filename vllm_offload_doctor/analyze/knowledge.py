@@ -20,10 +20,10 @@ from typing import Any
 
 import regex
 
+from vllm_offload_doctor.analyze.model import Category
+from vllm_offload_doctor.analyze.patterns import Bounded
+from vllm_offload_doctor.analyze.rules import Rule, builtin_rules_dir, load_rules
 from vllm_offload_doctor.errors import RuleFileError
-from vllm_offload_doctor.model import Category
-from vllm_offload_doctor.patterns import Bounded
-from vllm_offload_doctor.rules import Rule, builtin_rules_dir, load_rules
 
 FRAME_PRECEDENCE = 50  # above the generic crash rules, below every rule that reads the exception
 RAISE_PRECEDENCE = 45  # a catalogued message's subsystem: below the failing frame

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from vllm_offload_doctor.ports import probe_port
+from vllm_offload_doctor.machine.ports import probe_port
 
 RUN_TAG = "OFFLOAD_DOCTOR_RUN"
 POLL_S = 0.25

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from vllm_offload_doctor.check_render import RENDERERS
+from vllm_offload_doctor.checks.render import RENDERERS
 from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
-from vllm_offload_doctor.fit import KV_CACHE_DTYPES
 from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
 
 
 @click.command("check", short_help="Can this machine and this vLLM offload at all?")
@@ -105,10 +105,10 @@ def check(
     Exit status: 0 all ok or warnings only, 1 a check failed (--strict: or warned),
     2 nothing could be checked or bad usage (a --model that is not there).
     """
-    from vllm_offload_doctor.check_render import render
     from vllm_offload_doctor.checks import Options, run_checks
-    from vllm_offload_doctor.modelsize import resolve_model
-    from vllm_offload_doctor.probes import RealProbe
+    from vllm_offload_doctor.checks.render import render
+    from vllm_offload_doctor.machine.modelsize import resolve_model
+    from vllm_offload_doctor.machine.probes import RealProbe
 
     if list_checks:
         click.echo(_list_checks(verbose))
