@@ -241,7 +241,7 @@ def compare(
             status = run.execute()
     except Terminated:
         click.echo(f"offload-doctor: terminated; partial report in {cfg.out_dir}", err=True)
-        return 143
+        return exitcodes.TERMINATED
     except KeyboardInterrupt:
         click.echo(f"offload-doctor: interrupted; partial report in {cfg.out_dir}", err=True)
         return exitcodes.INTERRUPTED

@@ -104,7 +104,6 @@ class Served:
         )
 
 
-_SERVED_KEYS = frozenset(f.name for f in fields(Served))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 Json = dict[str, Any]  # parsed report.json objects, read only inside from_dict()
-Scalar = str | int | float | bool | None
 
 
 def pack(obj: object, omit_none: Iterable[str] = ()) -> Json:
@@ -35,10 +34,6 @@ def _plain(value: object) -> object:
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     return value
-
-
-def _opt(d: Json, key: str) -> Any:
-    return d.get(key)
 
 
 @dataclass(frozen=True, slots=True)
