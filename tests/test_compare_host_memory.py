@@ -88,7 +88,11 @@ def test_host_oom_is_named_with_the_measured_rate_and_how_to_confirm(
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
     assert saved["modes"][1]["analysis"]["category"] == "oom_host"
     assert saved["modes"][1]["host_memory"]["min_available_gib"] == hm.min_available_gib
+    row = next(ln for ln in text.splitlines() if ln.lstrip().startswith("host RSS peak"))
+    assert f"{hm.peak_rss_gib:.2f} GiB" in row
+    assert "host RSS / offloaded GiB" in text and f"{hm.min_available_gib:.2f}/16 GiB" in text
     md = render_markdown(r.report)
+    assert "| host RSS peak |" in md
     assert "host memory" in md.lower() and f"{hm.peak_rss_gib:g}" in md
 
 
@@ -99,6 +103,11 @@ def test_the_same_death_with_memory_to_spare_is_not_called_host_oom(
     off = r.report.modes[1]
     assert off.analysis is not None and off.analysis.category != "oom_host"
     assert off.host_memory is not None and off.host_memory.min_available_gib == 200
+    assert "host memory did not run out (at least 200 of 256 GiB stayed available" in (
+        off.analysis.summary
+    )
+    text = render_text(r.report, str(r.cfg.out_dir), color=False)
+    assert "host memory did not run out" in text and "journalctl -k" in text
 
 
 def test_sampler_records_every_sample_and_the_real_probe_sees_this_process() -> None:

@@ -222,3 +222,17 @@ def host_death_summary(host: HostMemory, offload_gb: float) -> tuple[str, str, s
 def largest_fitting(capacity_gib: float, rate: float) -> float:
     """Whole GiB of offload whose measured host cost stays under 90% of the capacity."""
     return float(max(0, int(NEAR_LIMIT_FRACTION * capacity_gib / rate)))
+
+
+SPARED = "The engine died with no exception, but host memory did not run out"
+
+
+def host_spared(host: HostMemory) -> str:
+    """A silent engine death with host memory to spare: the OOM killer is not the likely cause."""
+    rss = f", the server's RSS peaked at {host.peak_rss_gib:g} GiB" if host.peak_rss_gib else ""
+    return (
+        f"{SPARED} (at least "
+        f"{host.min_available_gib:g} of {host.total_gib:g} GiB stayed available{rss}), so the "
+        "kernel's OOM killer is unlikely unless a memory limit applied that the doctor cannot "
+        "see; `journalctl -k | grep -i oom` would show it."
+    )

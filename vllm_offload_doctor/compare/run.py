@@ -37,6 +37,7 @@ from vllm_offload_doctor.compare.hostmem import (
     RealHostProbe,
     engine_gone_silently,
     host_death_summary,
+    host_spared,
 )
 from vllm_offload_doctor.compare.logscan import read_mode_log
 from vllm_offload_doctor.compare.measurement import measure
@@ -428,7 +429,7 @@ class CompareRun:
 def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
     """A silent engine death while host memory ran out is `oom_host`, whatever the log says."""
     host, a = mode.host_memory, mode.analysis
-    if mode.ok or host is None or a is None or not host.exhausted:
+    if mode.ok or host is None or a is None:
         return mode
     try:
         text = raw_log.read_text(errors="replace")
@@ -436,6 +437,8 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
         return mode
     if not engine_gone_silently(text, a.category):
         return mode
+    if not host.exhausted:  # say what host memory did, so the reader need not guess
+        return replace(mode, analysis=replace(a, summary=a.summary + " " + host_spared(host)))
     from vllm_offload_doctor.model import Category
 
     title, summary, remedy = host_death_summary(host, mode.offload_gb)
