@@ -158,8 +158,9 @@ def test_impossible_numbers_are_refused_with_exit_2(
 
 
 def test_a_hub_id_and_an_existing_path_are_accepted(tmp_path: Path) -> None:
-    CompareConfig(model="org/name").validate()
-    CompareConfig(model=str(tmp_path)).validate()
+    CompareConfig(model="org/name").check_model()
+    CompareConfig(model="https://mirror.example.com/a/b").check_model()
+    CompareConfig(model=str(tmp_path)).check_model()
     CompareConfig(grace_s=0.0).validate()
 
 

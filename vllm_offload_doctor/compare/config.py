@@ -97,6 +97,8 @@ def with_tensor_parallel(extra: list[str], size: int | None) -> list[str]:
 
 def looks_local(model: str) -> bool:
     """A path, not a hub id: `/x`, `./x`, `../x`, `~/x`, or more than one `/` (`org/name` is an id)."""
+    if "://" in model:  # a URL is for vLLM to fetch, not a path
+        return False
     return model.startswith(("/", "./", "../", "~")) or model in (".", "..") or model.count("/") > 1
 
 
@@ -244,7 +246,9 @@ class CompareConfig:
 
         Not part of validate(): --dry-run prints commands for another machine."""
         if looks_local(self.model) and not Path(self.model).expanduser().exists():
-            raise DoctorError(f"--model {self.model}: no such file or directory")
+            from vllm_offload_doctor.redact import scrub_text
+
+            raise DoctorError(f"--model {scrub_text(self.model)}: no such file or directory")
 
     def check_command(self) -> None:
         exe = self.vllm_cmd[0]

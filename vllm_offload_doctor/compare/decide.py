@@ -159,6 +159,8 @@ def failure(mode: ModeResult, which: str) -> Finding:
         )
         links += [link for link in MRV2_LINKS if link not in links]
         remedy = remedy or runner_remedy(version_of(mode))
+    if a:  # the lines it failed on, so "the evidence" the remedy names is on the page
+        notes += [f"{mode.log} line {n}: {t}" for n, t in a.evidence]
     return Finding(CompareStatus.FAILED, title, summary, remedy, tuple(links), tuple(notes))
 
 

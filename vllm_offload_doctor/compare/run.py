@@ -409,6 +409,9 @@ class CompareRun:
                 title=scrub_text(analysis.title),
                 summary=scrub_text(analysis.summary),
                 offload_explanation=scrub_text(analysis.offload_explanation),
+                evidence=tuple((n, scrub_text(t)) for n, t in analysis.evidence)
+                if not mode.ok
+                else (),
             )
             if facts.model_runner_evidence:
                 facts = replace(
