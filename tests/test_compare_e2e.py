@@ -325,3 +325,21 @@ def test_interrupt_cleans_up_and_keeps_partial_report(
     assert (out / "mode-0.5.log").exists() and (out / "report.md").exists()
     assert "partial report" in stderr
     assert not (out / ".offload-doctor.lock").exists()
+
+
+def test_a_failed_mode_shows_the_line_it_failed_on_everywhere(tmp_path: Path) -> None:
+    proc, report = run_compare(tmp_path, "effective", "--", "--no-such-flag")
+    needle = "vllm serve: error: unrecognized arguments: --no-such-flag"
+    assert f"mode-0.log line 2: {needle}" in proc.stdout
+    assert f"mode-0.log line 2: {needle}" in (tmp_path / "run" / "report.md").read_text()
+    assert mode(report, "0")["analysis"]["evidence"] == [{"line": 2, "text": needle}]
+
+
+def test_host_oom_run_names_host_memory(tmp_path: Path) -> None:
+    """The issue's done-when: with memory to spare the silent death says what host memory did."""
+    proc, report = run_compare(tmp_path, "host-oom", "--offload-gb", "8")
+    assert proc.returncode == 1
+    assert "host memory did not run out" in proc.stdout
+    hm = mode(report, "8")["host_memory"]
+    assert hm["samples"] >= 1 and hm["peak_rss_gib"] > 0 and hm["total_gib"] > 0
+    assert mode(report, "8")["analysis"]["evidence"][-1]["text"].endswith("Failed core proc(s): {}")

@@ -113,6 +113,57 @@ def test_invalid_configs(cfg: CompareConfig) -> None:
         cfg.validate()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "99999"], "--port 99999: must be 1-65535"),
+        (["--port", "0"], "--port 0: must be 1-65535"),
+        (["--timeout", "-5"], "--timeout -5: must be more than 0"),
+        (["--timeout", "0"], "--timeout 0: must be more than 0"),
+        (["--timeout", "nan"], "--timeout nan: must be more than 0"),
+        (["--request-timeout", "0"], "--request-timeout 0: must be more than 0"),
+        (["--max-tokens", "0"], "--max-tokens 0: must be more than 0"),
+        (["--grace", "-1"], "--grace -1: must be 0 or more"),
+        (["--model", "./no/such/model"], "--model ./no/such/model: no such file or directory"),
+        (["--model", "/no/such/model"], "--model /no/such/model: no such file or directory"),
+    ],
+)
+def test_impossible_numbers_are_refused_with_exit_2(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    # Not --dry-run: the missing model is only checked before a real run.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_offload_doctor",
+            "compare",
+            "--out",
+            str(tmp_path / "o"),
+            "--vllm-cmd",
+            "/bin/false",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
+def test_a_hub_id_and_an_existing_path_are_accepted(tmp_path: Path) -> None:
+    CompareConfig(model="org/name").check_model()
+    CompareConfig(model="https://mirror.example.com/a/b").check_model()
+    CompareConfig(model=str(tmp_path)).check_model()
+    CompareConfig(grace_s=0.0).validate()
+
+
 def test_commands_text_redacts_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz123456")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")

@@ -251,3 +251,33 @@ def test_api_key_guards_v1_and_is_echoed_like_vllm(tmp_path: Path) -> None:
     text = log.read_text()
     assert f"'api_key': ['{key}']" in text
     assert "'unknown_flag': 'x', 'enforce_eager': True" in text
+
+
+def test_host_oom_grows_shared_memory_then_dies_with_no_exception(tmp_path: Path) -> None:
+    proc, _port, log = start(tmp_path, "host-oom", "8", FAKE_VLLM_HOST_GROW_MB="64")
+    engine = None
+    peak_shmem = 0
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            kids = psutil.Process(proc.pid).children()
+            engine = kids[0] if kids else engine
+            if engine is not None:
+                peak_shmem = max(peak_shmem, engine.memory_info().shared)
+        time.sleep(0.1)
+    assert proc.returncode == 1
+    assert engine is not None and not engine.is_running()
+    assert peak_shmem > 32 * 2**20  # the engine really held host memory before it died
+    text = log.read_text()
+    lines = text.splitlines()
+    assert lines[-1].endswith(
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}"
+    )
+    assert "Offloader set to UVAOffloader" in text
+    assert not [ln for ln in lines if "(EngineCore" in ln and "ERROR" in ln]  # no exception
+    # The baseline of the same scenario still serves.
+    proc, port, _log = start(tmp_path, "host-oom", "0")
+    try:
+        wait_ready(port, proc)
+    finally:
+        stop(proc)

@@ -233,6 +233,7 @@ def compare(
     if dry_run:
         click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
         return exitcodes.OK
+    cfg.check_model()
     cfg.check_command()
 
     run = CompareRun(cfg, progress=sys.stderr)

@@ -95,6 +95,13 @@ def with_tensor_parallel(extra: list[str], size: int | None) -> list[str]:
     return [*extra, "--tensor-parallel-size", str(size)]
 
 
+def looks_local(model: str) -> bool:
+    """A path, not a hub id: `/x`, `./x`, `../x`, `~/x`, or more than one `/` (`org/name` is an id)."""
+    if "://" in model:  # a URL is for vLLM to fetch, not a path
+        return False
+    return model.startswith(("/", "./", "../", "~")) or model in (".", "..") or model.count("/") > 1
+
+
 def fmt_gb(gb: float) -> str:
     return f"{gb:g}"
 
@@ -214,6 +221,17 @@ class CompareConfig:
             raise DoctorError("--repeats must be >= 1 and --warmup >= 0")
         if not self.vllm_cmd:
             raise DoctorError("--vllm-cmd is empty")
+        if not 1 <= self.port <= 65535:
+            raise DoctorError(f"--port {self.port}: must be 1-65535")
+        for flag, value in (
+            ("--timeout", self.timeout_s),
+            ("--request-timeout", self.request_timeout_s),
+            ("--max-tokens", self.max_tokens),
+        ):
+            if not value > 0:  # also refuses NaN
+                raise DoctorError(f"{flag} {value:g}: must be more than 0")
+        if not self.grace_s >= 0:
+            raise DoctorError(f"--grace {self.grace_s:g}: must be 0 or more")
         for a in self.extra_args:
             flag = a.split("=", 1)[0]
             own = "--offload-gb" if flag == "--cpu-offload-gb" else flag
@@ -222,6 +240,15 @@ class CompareConfig:
                     f"{flag} after `--` would make the modes differ or clash with compare's own "
                     f"options; use compare's {own}"
                 )
+
+    def check_model(self) -> None:
+        """A local-looking --model that is missing fails now, not minutes into a load.
+
+        Not part of validate(): --dry-run prints commands for another machine."""
+        if looks_local(self.model) and not Path(self.model).expanduser().exists():
+            from vllm_offload_doctor.redact import scrub_text
+
+            raise DoctorError(f"--model {scrub_text(self.model)}: no such file or directory")
 
     def check_command(self) -> None:
         exe = self.vllm_cmd[0]

@@ -14,6 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor import links as links_mod
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, fmt_gb
+from vllm_offload_doctor.compare.hostmem import SPARED
 from vllm_offload_doctor.compare.model import (
     CompareStatus,
     Comparison,
@@ -142,6 +143,8 @@ def failure(mode: ModeResult, which: str) -> Finding:
         )
     elif a:
         summary += " Its log names no known root cause; read the end of the log."
+        if SPARED in a.summary:  # what host memory did during that silent death
+            summary += " " + a.summary[a.summary.index(SPARED) :]
     if (not a or cat in ("healthy", "unknown")) and mode.last_error_line:
         summary += f" Last error line: {mode.last_error_line}"
     if mode.analysis_error:
@@ -156,6 +159,8 @@ def failure(mode: ModeResult, which: str) -> Finding:
         )
         links += [link for link in MRV2_LINKS if link not in links]
         remedy = remedy or runner_remedy(version_of(mode))
+    if a:  # the lines it failed on, so "the evidence" the remedy names is on the page
+        notes += [f"{mode.log} line {n}: {t}" for n, t in a.evidence]
     return Finding(CompareStatus.FAILED, title, summary, remedy, tuple(links), tuple(notes))
 
 

@@ -86,6 +86,17 @@ def log_facts(a: Analysis, oom: OomFigures | None) -> LogFacts:
     )
 
 
+MAX_EVIDENCE = 5
+EVIDENCE_CHARS = 400
+
+
+def decisive_lines(a: Analysis) -> tuple[tuple[int, str], ...]:
+    """The lines of the deciding rule's finding, else analyze's most notable lines."""
+    decisive = next((f for f in a.findings if f.rule_id == a.verdict.rule_id), None)
+    lines = decisive.evidence if decisive and decisive.evidence else a.notable
+    return tuple((e.line, e.text[:EVIDENCE_CHARS]) for e in lines[-MAX_EVIDENCE:])
+
+
 def mode_analysis(a: Analysis) -> ModeAnalysis:
     v = a.verdict
     return ModeAnalysis(
@@ -99,6 +110,7 @@ def mode_analysis(a: Analysis) -> ModeAnalysis:
         offload_status=str(a.offload.status),
         offload_explanation=a.offload.explanation,
         ranks_disagree=a.offload.ranks_disagree,
+        evidence=decisive_lines(a),
     )
 
 

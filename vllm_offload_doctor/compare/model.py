@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from vllm_offload_doctor.compare.hostmem import HostMemory
 from vllm_offload_doctor.compare.records import (
     Answer,
     AnswersMatched,
@@ -127,6 +128,7 @@ class ModeResult:
     analysis_error: str | None = None
     last_error_line: str | None = None
     env: Mapping[str, str] | None = None  # environment this mode alone got (the verified fix)
+    host_memory: HostMemory | None = None  # sampled every second from launch to stop
 
     def to_dict(self) -> Json:
         out: Json = {}
@@ -140,6 +142,7 @@ class ModeResult:
     @classmethod
     def from_dict(cls, d: Json) -> ModeResult:
         lf, an, stop = d.get("log_facts"), d.get("analysis"), d.get("stop")
+        hm = d.get("host_memory")
         left = d.get("leftover_pids")
         served = Served.from_dict(d) if "requests" in d or "latency" in d else None
         return cls(
@@ -162,6 +165,7 @@ class ModeResult:
             analysis_error=d.get("analysis_error"),
             last_error_line=d.get("last_error_line"),
             env=d.get("env"),
+            host_memory=HostMemory.from_dict(hm) if isinstance(hm, dict) else None,
         )
 
     @property

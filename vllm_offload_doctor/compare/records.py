@@ -343,9 +343,14 @@ class ModeAnalysis:
     offload_status: str
     offload_explanation: str
     ranks_disagree: bool
+    evidence: tuple[tuple[int, str], ...] = ()  # (line number, text): the lines it failed on
 
     def to_dict(self) -> Json:
-        return pack(self)
+        out = pack(self)
+        del out["evidence"]
+        if self.evidence:  # absent when empty: earlier reports stay byte-identical
+            out["evidence"] = [{"line": n, "text": t} for n, t in self.evidence]
+        return out
 
     @classmethod
     def from_dict(cls, d: Json) -> ModeAnalysis:
@@ -360,4 +365,9 @@ class ModeAnalysis:
             offload_status=d.get("offload_status", "unknown"),
             offload_explanation=d.get("offload_explanation", ""),
             ranks_disagree=bool(d.get("ranks_disagree")),
+            evidence=tuple(
+                (int(e.get("line", 0)), str(e.get("text", "")))
+                for e in d.get("evidence") or ()
+                if isinstance(e, dict)
+            ),
         )

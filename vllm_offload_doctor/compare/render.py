@@ -92,6 +92,20 @@ def rows(report: CompareReport) -> tuple[list[str], list[list[str]]]:
     modes = report.modes
     header = ["", *[column(m) for m in modes]]
     table = [[name, *[fn(m) for m in modes]] for name, fn in _rows()]
+    if any(m.host_memory for m in modes):  # sampled every second from launch to stop
+        at = next(i for i, r in enumerate(table) if r[0] == "host RSS (tree)") + 1
+        hosts = [m.host_memory for m in modes]
+        table[at:at] = [
+            ["host RSS peak", *[_v(h.peak_rss_gib, " GiB") if h else "-" for h in hosts]],
+            [
+                "host available min",
+                *[f"{h.min_available_gib:.2f}/{h.total_gib:g} GiB" if h else "-" for h in hosts],
+            ],
+            [
+                "host RSS / offloaded GiB",
+                *[_v(h.rss_per_offloaded_gib) if h else "-" for h in hosts],
+            ],
+        ]
     if any(m.latency and m.latency.ttft_median_s for m in modes):
         table.append(
             ["TTFT median", *[_ms(m.latency.ttft_median_s if m.latency else None) for m in modes]]

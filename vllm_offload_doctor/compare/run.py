@@ -31,6 +31,14 @@ from vllm_offload_doctor.compare.decide import (
     version_of,
     with_fix,
 )
+from vllm_offload_doctor.compare.hostmem import (
+    HostProbe,
+    HostSampler,
+    RealHostProbe,
+    engine_gone_silently,
+    host_death_summary,
+    host_spared,
+)
 from vllm_offload_doctor.compare.logscan import read_mode_log
 from vllm_offload_doctor.compare.measurement import measure
 from vllm_offload_doctor.compare.model import (
@@ -82,8 +90,14 @@ def report_config(cfg: CompareConfig) -> ReportConfig:
 class CompareRun:
     """Runs every mode in turn and keeps the report up to date and on disk after every step."""
 
-    def __init__(self, cfg: CompareConfig, progress: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        cfg: CompareConfig,
+        progress: TextIO | None = None,
+        host_probe: HostProbe | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.host_probe = host_probe
         self.progress = progress
         self.out = cfg.out_dir
         self.report = CompareReport(
@@ -304,6 +318,10 @@ class CompareRun:
             api_key=key,
         )
 
+        if self.host_probe is None:
+            self.host_probe = RealHostProbe()
+        sampler = HostSampler(self.host_probe, lambda: srv.pid)
+
         def tick(elapsed: float) -> None:
             nonlocal mode
             phase = follower.poll()
@@ -319,6 +337,7 @@ class CompareRun:
                 srv.start()
             except OSError as exc:
                 raise ServerStartError(f"cannot start {shlex.join(argv[:2])}: {exc}") from exc
+            sampler.start()
             res = srv.wait_ready(cfg.timeout_s, on_tick=tick)
             mode = replace(mode, startup_s=round(res.startup_s, 2), phase=follower.poll())
             if res.ready:
@@ -349,7 +368,7 @@ class CompareRun:
         finally:
             if prog:
                 prog.done()
-            mode = self._finish_mode(mode, srv, raw_log)
+            mode = self._finish_mode(mode, srv, raw_log, sampler)
             self._put_mode(mode, idx)
             if prog and mode.stop:
                 prog.line(
@@ -358,9 +377,16 @@ class CompareRun:
             self.write()
         return mode
 
-    def _finish_mode(self, mode: ModeResult, srv: ServerProcess, raw_log: Path) -> ModeResult:
+    def _finish_mode(
+        self, mode: ModeResult, srv: ServerProcess, raw_log: Path, sampler: HostSampler
+    ) -> ModeResult:
         """Stop the server, analyse the raw log, save it scrubbed, delete the raw copy."""
         s = srv.stop()
+        host = sampler.stop(mode.offload_gb)
+        mode = replace(
+            mode,
+            host_memory=host,
+        )
         mode = replace(
             mode,
             stop=Stop(
@@ -383,18 +409,52 @@ class CompareRun:
                 title=scrub_text(analysis.title),
                 summary=scrub_text(analysis.summary),
                 offload_explanation=scrub_text(analysis.offload_explanation),
+                evidence=tuple((n, scrub_text(t)) for n, t in analysis.evidence)
+                if not mode.ok
+                else (),
             )
             if facts.model_runner_evidence:
-                facts = replace(facts, model_runner_evidence=scrub_text(facts.model_runner_evidence))
+                facts = replace(
+                    facts, model_runner_evidence=scrub_text(facts.model_runner_evidence)
+                )
             mode = replace(mode, analysis=analysis, log_facts=facts)
             if not mode.ok and last_error:
                 mode = replace(mode, last_error_line=scrub_text(last_error)[:400])
+            mode = _named_host_death(mode, raw_log)
         try:
             art.save_scrubbed_log(raw_log, self.out / mode.log)
         finally:
             with contextlib.suppress(OSError):
                 raw_log.unlink()
         return mode
+
+
+def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
+    """A silent engine death while host memory ran out is `oom_host`, whatever the log says."""
+    host, a = mode.host_memory, mode.analysis
+    if mode.ok or host is None or a is None:
+        return mode
+    try:
+        text = raw_log.read_text(errors="replace")
+    except OSError:
+        return mode
+    if not engine_gone_silently(text, a.category):
+        return mode
+    if not host.exhausted:  # say what host memory did, so the reader need not guess
+        return replace(mode, analysis=replace(a, summary=a.summary + " " + host_spared(host)))
+    from vllm_offload_doctor.model import Category
+
+    title, summary, remedy = host_death_summary(host, mode.offload_gb)
+    analysis = replace(
+        a,
+        category=str(Category.OOM_HOST),
+        rule_id=None,
+        title=title,
+        summary=summary,
+        severity="error",
+        remedy=remedy,
+    )
+    return replace(mode, analysis=analysis)
 
 
 def _request_failure(served: object) -> str:
