@@ -442,7 +442,7 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
         return mode
     if not host.exhausted:  # say what host memory did, so the reader need not guess
         return replace(mode, analysis=replace(a, summary=a.summary + " " + host_spared(host)))
-    from vllm_offload_doctor.model import Category
+    from vllm_offload_doctor.analyze.model import Category
 
     title, summary, remedy = host_death_summary(host, mode.offload_gb)
     analysis = replace(
