@@ -30,8 +30,9 @@ def _register() -> None:
     from vllm_offload_doctor.analyze_cli import analyze, rules
     from vllm_offload_doctor.check_cli import check
     from vllm_offload_doctor.compare_cli import compare
+    from vllm_offload_doctor.inspect.cli import inspect
 
-    commands: tuple[click.Command, ...] = (check, compare, analyze, rules)
+    commands: tuple[click.Command, ...] = (check, compare, analyze, rules, inspect)
     for command in commands:
         cli.add_command(command)
 
