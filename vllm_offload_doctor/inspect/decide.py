@@ -149,8 +149,10 @@ def decide(
     return Inspection(
         facts,
         Verdict.CANNOT_TELL,
-        f"shared host memory does not match --cpu-offload-gb {requested:g} clearly ({per_rank}): "
-        "ranks disagree, or the model is smaller than the request",
+        f"shared host memory does not match --cpu-offload-gb {requested:g} clearly ({per_rank}; "
+        f"in effect would hold about {requested:g} GiB above a {BASELINE_GIB:.2f} GiB baseline): "
+        "ranks disagree, the model is smaller than the request, or the request is too small to "
+        "tell from the baseline",
         ranks=ranks,
         host_held_gib=held,
         host_available_gib=avail,

@@ -37,7 +37,6 @@ class ProcSource(Protocol):
     def cmdline(self, pid: int) -> list[str]: ...  # raises Unreadable
     def name(self, pid: int) -> str: ...
     def children(self, pid: int) -> list[int]: ...  # all descendants
-    def parent(self, pid: int) -> int | None: ...
     def environ(self, pid: int) -> Mapping[str, str]: ...  # raises Unreadable
     def status(self, pid: int) -> Mapping[str, int]: ...  # kB fields of /proc/PID/status
     def exe(self, pid: int) -> str | None: ...
@@ -78,14 +77,6 @@ class RealSource:
             return [c.pid for c in psutil.Process(pid).children(recursive=True)]
         except psutil.Error:
             return []
-
-    def parent(self, pid: int) -> int | None:
-        import psutil
-
-        try:
-            return psutil.Process(pid).ppid()
-        except psutil.Error:
-            return None
 
     def environ(self, pid: int) -> Mapping[str, str]:
         import psutil
@@ -206,7 +197,13 @@ def parse_cmdline(argv: Sequence[str], facts: ServerFacts) -> None:
 
 
 def role_of(argv: Sequence[str], name: str) -> str | None:
-    m = _ROLE.search(" ".join(argv)) or _ROLE.search(name)
+    """EngineCore / Worker_TPn from the title vLLM sets (argv), else the 15-byte comm."""
+    m = _ROLE.search(" ".join(argv))
+    if m:
+        return m.group(1)
+    if "EngineCor" in name:  # comm cuts VLLM::EngineCore to VLLM::EngineCor
+        return "EngineCore"
+    m = _ROLE.search(name)
     return m.group(1) if m else None
 
 
@@ -214,7 +211,7 @@ def role_of(argv: Sequence[str], name: str) -> str | None:
 
 
 def find_servers(src: ProcSource) -> list[int]:
-    """Top-level server processes (a server whose parent is a server is not counted twice)."""
+    """The innermost server process of each tree (a wrapper naming `vllm serve` is skipped)."""
     found = []
     for pid in src.pids():
         try:
