@@ -90,7 +90,11 @@ def server(engine_status, *, offload="0.5", env=None, version="0.25.1", gpus=())
     return FakeSource(
         {
             100: P(argv, {"RssShmem": 0, "VmRSS": 500_000}, env or {}, children=[101, 102]),
-            101: P(["python", "-c", "from multiprocessing.spawn ..."], engine_status, name="VLLM::EngineCor"),
+            101: P(
+                ["python", "-c", "from multiprocessing.spawn ..."],
+                engine_status,
+                name="VLLM::EngineCor",
+            ),
             102: P(["python", "-m", "multiprocessing.resource_tracker"], {"RssShmem": 10}),
         },
         version=version,
@@ -172,7 +176,12 @@ def tp2(shm0: int, shm1: int) -> FakeSource:
     return FakeSource(
         {
             1: P(argv, {"RssShmem": 0}, children=[2]),
-            2: P(["python", "-c", "spawn"], {"RssShmem": 60_000}, name="VLLM::EngineCor", children=[3, 4]),
+            2: P(
+                ["python", "-c", "spawn"],
+                {"RssShmem": 60_000},
+                name="VLLM::EngineCor",
+                children=[3, 4],
+            ),
             3: P(["VLLM::Worker_TP0"], {"RssShmem": shm0}),
             4: P(["VLLM::Worker_TP1"], {"RssShmem": shm1}),
         }

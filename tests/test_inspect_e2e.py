@@ -27,8 +27,21 @@ def fake_server(scenario: str, *extra: str, tp: int = 1) -> Iterator[tuple[int, 
     port = free_port()
     env = dict(os.environ, FAKE_VLLM_SCENARIO=scenario)
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    argv = [sys.executable, str(FAKE), "serve", "m", "--cpu-offload-gb", OFFLOAD,
-            "--port", str(port), "--host", "127.0.0.1", "-tp", str(tp), *extra]
+    argv = [
+        sys.executable,
+        str(FAKE),
+        "serve",
+        "m",
+        "--cpu-offload-gb",
+        OFFLOAD,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "-tp",
+        str(tp),
+        *extra,
+    ]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 20
@@ -51,7 +64,10 @@ def fake_server(scenario: str, *extra: str, tp: int = 1) -> Iterator[tuple[int, 
 def run_inspect(*args: str) -> tuple[int, dict]:
     out = subprocess.run(
         [sys.executable, "-m", "vllm_offload_doctor", "inspect", *args, "--format", "json"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     return out.returncode, json.loads(out.stdout)
 

@@ -14,6 +14,7 @@ from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.inspect.decide import decide
 from vllm_offload_doctor.inspect.model import HttpFacts, Inspection, ServerFacts, Verdict
 from vllm_offload_doctor.inspect.procs import (
+    Gpu,
     ProcSource,
     RealSource,
     Unreadable,
@@ -65,11 +66,17 @@ def inspect_servers(
     if not pids:
         if port is not None and http:
             # Another user's server, or one in a container: only HTTP can say anything.
-            facts = ServerFacts(pid=None, port=port, error="no `vllm serve` process of this "
-                                "user listens there (another user's, or in a container)")
+            facts = ServerFacts(
+                pid=None,
+                port=port,
+                error="no `vllm serve` process of this "
+                "user listens there (another user's, or in a container)",
+            )
             facts.http = fetch_http(_base(url, port), api_key)
             return [decide(facts)]
-        raise DoctorError("no running `vllm serve` found on this machine (pass PID, --port or --url)")
+        raise DoctorError(
+            "no running `vllm serve` found on this machine (pass PID, --port or --url)"
+        )
     gpus = src.gpus()
     out = []
     for p in pids:
@@ -82,7 +89,9 @@ def inspect_servers(
         link = _link(facts, gpus)
         out.append(decide(facts, src.host_available(), link))
     if not out:
-        raise DoctorError("no running `vllm serve` found on this machine (pass PID, --port or --url)")
+        raise DoctorError(
+            "no running `vllm serve` found on this machine (pass PID, --port or --url)"
+        )
     return out
 
 
@@ -114,7 +123,7 @@ def _server_key(facts: ServerFacts) -> str | None:
     return os.environ.get("VLLM_API_KEY") or None
 
 
-def _link(facts: ServerFacts, gpus: list) -> tuple[int | None, int | None]:
+def _link(facts: ServerFacts, gpus: list[Gpu]) -> tuple[int | None, int | None]:
     indices = {p.gpu_index for p in facts.procs if p.gpu_index is not None}
     for g in gpus:
         if g.index in indices:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor.inspect.model import Inspection, RankResult, ServerFacts, Verdict
+from vllm_offload_doctor.inspect.model import (
+    Inspection,
+    ProcFacts,
+    RankResult,
+    ServerFacts,
+    Verdict,
+)
 from vllm_offload_doctor.pcie import PRACTICAL_FRACTION, link_bandwidth_gbs, step_cost_ms
 
 BASELINE_GIB = 63_752 / 2**20  # shared memory of a rank that offloads nothing (measured)
@@ -22,7 +28,7 @@ FIX = (
 )
 
 
-def rank_procs(facts: ServerFacts) -> list:
+def rank_procs(facts: ServerFacts) -> list[ProcFacts]:
     """The processes that hold weights: the TP workers, else EngineCore (TP 1 runs in it)."""
     workers = [p for p in facts.procs if p.role.startswith("Worker")]
     if workers:
@@ -170,7 +176,11 @@ def _ranks(facts: ServerFacts, requested: float | None) -> list[RankResult]:
             v = Verdict.NOT_REQUESTED
         elif held >= EFFECTIVE_FRACTION * requested:
             v = Verdict.EFFECTIVE
-        elif held < IGNORED_FRACTION * requested and shmem is not None and shmem < BASELINE_MAX_GIB + IGNORED_FRACTION * requested:
+        elif (
+            held < IGNORED_FRACTION * requested
+            and shmem is not None
+            and shmem < BASELINE_MAX_GIB + IGNORED_FRACTION * requested
+        ):
             v = Verdict.IGNORED
         else:
             v = Verdict.CANNOT_TELL

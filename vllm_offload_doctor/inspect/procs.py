@@ -234,7 +234,9 @@ def gather(src: ProcSource, pid: int) -> ServerFacts:
         return facts
     try:
         env = src.environ(pid)
-        facts.runner_env = {k: ("***" if k == "VLLM_API_KEY" else env[k]) for k in RUNNER_VARS if k in env}
+        facts.runner_env = {
+            k: ("***" if k == "VLLM_API_KEY" else env[k]) for k in RUNNER_VARS if k in env
+        }
     except Unreadable as exc:
         facts.environ_error = str(exc)
     exe = src.exe(pid)
