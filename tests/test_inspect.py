@@ -75,7 +75,7 @@ class FakeSource:
     def exe(self, pid: int) -> str | None:
         return "/venv/bin/python"
 
-    def vllm_version(self, exe: str) -> str | None:
+    def vllm_version(self, exe: str, pythonpath: str | None) -> str | None:
         return self.version
 
     def gpus(self) -> list[Gpu]:

@@ -40,7 +40,7 @@ class ProcSource(Protocol):
     def environ(self, pid: int) -> Mapping[str, str]: ...  # raises Unreadable
     def status(self, pid: int) -> Mapping[str, int]: ...  # kB fields of /proc/PID/status
     def exe(self, pid: int) -> str | None: ...
-    def vllm_version(self, exe: str) -> str | None: ...
+    def vllm_version(self, exe: str, pythonpath: str | None) -> str | None: ...
     def gpus(self) -> list[Gpu]: ...
     def host_available(self) -> int | None: ...
 
@@ -104,10 +104,29 @@ class RealSource:
         except psutil.Error:
             return None
 
-    def vllm_version(self, exe: str) -> str | None:
-        from vllm_offload_doctor.probes import read_interpreter
+    def vllm_version(self, exe: str, pythonpath: str | None) -> str | None:
+        """Package metadata of the server's interpreter, with the server's PYTHONPATH."""
+        import json
+        import subprocess
 
-        return read_interpreter(exe, "the server's interpreter").vllm_version
+        from vllm_offload_doctor.probes import _METADATA_SCRIPT, INTERPRETER_TIMEOUT_S
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        try:
+            proc = subprocess.run(
+                [exe, "-c", _METADATA_SCRIPT],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=INTERPRETER_TIMEOUT_S,
+                check=False,
+            )
+            version = json.loads(proc.stdout.strip().splitlines()[-1]).get("vllm")
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, AttributeError):
+            return None
+        return str(version) if version else None
 
     def gpus(self) -> list[Gpu]:
         from vllm_offload_doctor.probes import read_nvml
@@ -232,6 +251,7 @@ def gather(src: ProcSource, pid: int) -> ServerFacts:
     except Unreadable as exc:
         facts.error = f"cannot read the command line of pid {pid}: {exc}"
         return facts
+    env: Mapping[str, str] = {}
     try:
         env = src.environ(pid)
         facts.runner_env = {
@@ -241,7 +261,7 @@ def gather(src: ProcSource, pid: int) -> ServerFacts:
         facts.environ_error = str(exc)
     exe = src.exe(pid)
     if exe:
-        version = src.vllm_version(exe)
+        version = src.vllm_version(exe, env.get("PYTHONPATH"))
         if version:
             facts.vllm_version = version
             facts.version_source = f"package metadata of {exe}"
