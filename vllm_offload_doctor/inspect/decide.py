@@ -7,8 +7,6 @@ BASELINE_MAX_GIB of shared memory without offload.
 
 from __future__ import annotations
 
-from packaging.version import InvalidVersion, Version
-
 from vllm_offload_doctor.inspect.model import (
     Inspection,
     ProcFacts,
@@ -38,6 +36,8 @@ def rank_procs(facts: ServerFacts) -> list[ProcFacts]:
 
 def runner_explanation(version_text: str | None, env_v2: str | None) -> tuple[str, str | None]:
     """Why the runner ignored the flag, and the fix, from the version and VLLM_USE_V2_MODEL_RUNNER."""
+    from packaging.version import InvalidVersion, Version  # here: the CLI's import stays light
+
     try:
         version = Version(version_text) if version_text else None
     except InvalidVersion:
