@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("vllm_offload_doctor.compare.cli", "compare"),
     "analyze": ("vllm_offload_doctor.analyze.cli", "analyze"),
     "rules": ("vllm_offload_doctor.analyze.cli", "rules"),
+    "inspect": ("vllm_offload_doctor.inspect.cli", "inspect"),
 }
 
 
