@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor.analyze import logread, raises, repeats, reports, verdict
+from vllm_offload_doctor.analyze import logread, raises, repeats, reports, stack, verdict
 from vllm_offload_doctor.analyze.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
@@ -374,7 +374,7 @@ class _State:
         if not findings or findings[0].category is Category.CRASH_OTHER:
             lent = verdict.raise_finding(
                 self.clues, self.rules, base, raises.builtin_raises(), self.ready_line
-            )
+            ) or stack.stack_finding(self.clues.stack, self.rules, base)
             if lent is not None:
                 findings.insert(0, lent)
         findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)

@@ -42,6 +42,8 @@ class Clues:
     # The first distinct exception messages (text after `Class: `), looked up in the catalogue
     # only when no rule or frame decides (raises.py).
     exceptions: dict[str, Evidence] = field(default_factory=dict)
+    # Library messages of the stack catalogue that lend a category (stack.py), first few seen.
+    stack: list[tuple[Evidence, Any]] = field(default_factory=list)
 
     def note_exception(self, line: Line, text: str) -> None:
         if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
@@ -50,6 +52,12 @@ class Clues:
     def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
         """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
         msg = line.msg
+        if len(self.stack) < 3 and ("cudaError" in msg or "Error while" in msg):
+            from vllm_offload_doctor.analyze.stack import builtin_stack
+
+            lent = builtin_stack().find(msg)
+            if lent is not None:
+                self.stack.append((Evidence(line.no, line.text[:400]), lent))
         if frames and frames[-1][0] == line.no:
             _, fn, path = frames[-1]
             entry = know.frame_entry(fn, path)
