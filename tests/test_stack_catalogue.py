@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload_doctor.analyze import analyze_lines
+from vllm_offload_doctor.analyze.engine import analyze_lines
 from vllm_offload_doctor.analyze.stack import builtin_stack
 
 ROOT = Path(__file__).resolve().parent.parent
