@@ -75,7 +75,7 @@ def latency_chart(report: CompareReport) -> str:
         predicted.append((base.offload_gb, base_ms))
     for m in report.modes[1:]:
         y = _ms_per_token(m)
-        if y is not None and m.role.value == "offload":
+        if y is not None:  # the verified fix too: it is the offload mode, working
             got = (m.log_facts.offloaded_gib if m.log_facts else None) or m.offload_gb
             measured.append((got, y))
     for c in report.comparisons:
