@@ -25,7 +25,7 @@ h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.6em}
 .inconclusive,.unknown{border-color:#d90}
 table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;padding:3px 6px;
 text-align:left;vertical-align:top} th{background:#f0f0f0}
-th.sort{cursor:pointer} pre{background:#f7f7f7;padding:.6em;overflow-x:auto;white-space:pre-wrap}
+th.sort{cursor:pointer} td.v{min-width:22em} pre{background:#f7f7f7;padding:.6em;overflow-x:auto;white-space:pre-wrap}
 .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
 """
 MEMORY_COLOURS = (
@@ -89,7 +89,7 @@ def latency_chart(report: CompareReport) -> str:
             )
     if not measured:
         return "<p>No latency was measured: no chart.</p>"
-    w, h, pad = 640, 320, 50
+    w, h, pad = 680, 320, 64
     xs = [x for x, _ in measured + predicted]
     ys = [y for _, y in measured + predicted]
     xmax = max(xs) or 1.0
@@ -101,11 +101,11 @@ def latency_chart(report: CompareReport) -> str:
     def py(y: float) -> float:
         return h - pad - (h - 2 * pad) * y / ymax
 
-    def series(points: list[tuple[float, float]], colour: str, dash: str, name: str) -> str:
+    def series(points: list[tuple[float, float]], colour: str, dash: str, name: str, r: int) -> str:
         pts = sorted(points)
         line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         dots = "".join(
-            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{colour}">'
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{r}" fill="{colour}">'
             f"<title>{esc(name)}: {x:g} GiB, {y:.2f} ms/token</title></circle>"
             for x, y in pts
         )
@@ -128,13 +128,13 @@ def latency_chart(report: CompareReport) -> str:
         f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
         ticks,
         f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">offloaded GiB per GPU</text>',
-        f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
+        f'<text x="12" y="{h / 2}" transform="rotate(-90 12 {h / 2})" text-anchor="middle">'
         "ms per output token</text>",
-        series(measured, "#c33", "", "measured"),
     ]
+    # The prediction first, the measurement on top: where the model is right they coincide.
     if len(predicted) > 1:
-        parts.append(series(predicted, "#4878d0", "6 4", "link model (lower bound)"))
-    parts.append("</svg>")
+        parts.append(series(predicted, "#4878d0", "6 4", "link model (lower bound)", 7))
+    parts += [series(measured, "#c33", "", "measured", 4), "</svg>"]
     legend = (
         '<div class="legend"><span style="background:#c33"></span>measured'
         '<span style="background:#4878d0"></span>link model: baseline + offloaded bytes / '
@@ -280,8 +280,8 @@ def render_triage_html(
         body.append(
             f'<tr class="{e(v.category.value)}"><td>{e(a.file)}</td><td>{e(v.category.value)}</td>'
             f"<td>{e(v.rule_id or '')}</td><td>{e(a.offload.status.value)}</td>"
-            f"<td><strong>{e(v.title)}</strong><br>{e(v.summary)}</td>"
-            f"<td><pre>{e(evidence)}</pre></td></tr>"
+            f'<td class="v"><strong>{e(v.title)}</strong><br>{e(v.summary)}</td>'
+            f"<td>{f'<pre>{e(evidence)}</pre>' if evidence else ''}</td></tr>"
         )
     body.append("</tbody></table>")
     return _page("offload-doctor analyze", body, SORT_JS)
