@@ -127,12 +127,13 @@ def test_effective(tmp_path: Path) -> None:
     assert len(base["processes"]) == 2  # API server + EngineCore
     assert base["stop"]["survivors"] == [] and base["stop"]["port_free"] is True
     out = tmp_path / "run"
-    for name in ("mode-0.log", "mode-0.5.log", "report.md", "commands.txt"):
+    for name in ("mode-0.log", "mode-0.5.log", "report.md", "report.html", "commands.txt"):
         assert (out / name).is_file()
     assert "Total CPU offloaded parameters: 0.51" in (out / "mode-0.5.log").read_text()
     assert "Verdict: OK" in proc.stdout and "0.51" in proc.stdout
     assert "nvidia-smi" in proc.stdout
     assert "effective" in (out / "report.md").read_text()
+    assert 'id="latency-chart"' in (out / "report.html").read_text()
 
 
 def test_ignored_v2(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ class OutputFormat(StrEnum):
     JSON = "json"
     JSONL = "jsonl"
     MARKDOWN = "markdown"
+    HTML = "html"
 
 
 def ordered(formats: Iterable[OutputFormat]) -> list[OutputFormat]:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
 # here so that `offload-doctor --help` does not import the renderer.
-FORMATS = (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.JSONL, OutputFormat.MARKDOWN)
+FORMATS = (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.JSONL, OutputFormat.MARKDOWN, OutputFormat.HTML)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 

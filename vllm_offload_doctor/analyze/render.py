@@ -245,4 +245,11 @@ RENDERERS: dict[OutputFormat, Format] = {
     OutputFormat.JSON: Format(end=lambda r, analyses, errors, _several: r.json(analyses, errors)),
     OutputFormat.JSONL: Format(item=lambda r, a, _several: r.jsonl_line(a)),
     OutputFormat.MARKDOWN: Format(item=_markdown_item, end=_table(markdown=True)),
+    OutputFormat.HTML: Format(end=lambda r, analyses, errors, _several: _html(r, analyses, errors)),
 }
+
+
+def _html(r: Renderer, analyses: Sequence[Analysis], errors: Sequence[str]) -> str:
+    from vllm_offload_doctor.html import render_triage_html
+
+    return render_triage_html(analyses, errors, r)

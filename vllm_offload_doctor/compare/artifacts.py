@@ -25,8 +25,8 @@ from vllm_offload_doctor.redact import scrub_argv, scrub_data, scrub_env, scrub_
 
 ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "PYTORCH_", "TORCH_", "HF_", "NVIDIA_", "TRANSFORMERS_")
 LOCK_NAME = ".offload-doctor.lock"
-KNOWN_FILES = ("report.json", "report.md", "commands.txt")
-KNOWN_GLOBS = ("mode-*.log", ".report.json.tmp-*", ".report.md.tmp-*", ".commands.txt.tmp-*")
+KNOWN_FILES = ("report.json", "report.md", "report.html", "commands.txt")
+KNOWN_GLOBS = ("mode-*.log", ".report.json.tmp-*", ".report.md.tmp-*", ".report.html.tmp-*", ".commands.txt.tmp-*")
 
 
 def relevant_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -131,6 +131,9 @@ class CompareRun:
         text = json.dumps(self.report.to_dict(), indent=2, ensure_ascii=False)
         art.atomic_write(self.out / "report.json", text)
         art.atomic_write(self.out / "report.md", render_markdown(self.report))
+        from vllm_offload_doctor.html import render_compare_html
+
+        art.atomic_write(self.out / "report.html", render_compare_html(self.report))
 
     def _say(self, message: str) -> None:
         if self.progress is not None:
