@@ -18,8 +18,8 @@ from click.testing import CliRunner, Result
 
 from tests.planted_secrets import assert_no_leak, secret_log
 from vllm_offload_doctor.cli import cli
+from vllm_offload_doctor.compare.html import render_compare_html
 from vllm_offload_doctor.compare.model import CompareReport
-from vllm_offload_doctor.html import render_compare_html
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = sorted(p.parent for p in (ROOT / "fixtures" / "h200-compare").glob("*/report.json"))

@@ -250,6 +250,6 @@ RENDERERS: dict[OutputFormat, Format] = {
 
 
 def _html(r: Renderer, analyses: Sequence[Analysis], errors: Sequence[str]) -> str:
-    from vllm_offload_doctor.html import render_triage_html
+    from vllm_offload_doctor.analyze.html import render_triage_html
 
     return render_triage_html(analyses, errors, r)

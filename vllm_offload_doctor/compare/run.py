@@ -131,7 +131,7 @@ class CompareRun:
         text = json.dumps(self.report.to_dict(), indent=2, ensure_ascii=False)
         art.atomic_write(self.out / "report.json", text)
         art.atomic_write(self.out / "report.md", render_markdown(self.report))
-        from vllm_offload_doctor.html import render_compare_html
+        from vllm_offload_doctor.compare.html import render_compare_html
 
         art.atomic_write(self.out / "report.html", render_compare_html(self.report))
 
