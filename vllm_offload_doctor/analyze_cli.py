@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,6 +83,13 @@ def analyze(
     from vllm_offload_doctor.redact import scrub_text
     from vllm_offload_doctor.render import RENDERERS, Renderer
 
+    if "-" in paths and sys.stdin.isatty():
+        # Without this a terminal user sees nothing and may think the doctor hangs.
+        click.echo(
+            "offload-doctor: reading a log from the terminal: paste it, then Ctrl+D "
+            "(or pipe one in: `vllm serve ... 2>&1 | offload-doctor analyze -`)",
+            err=True,
+        )
     engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
     # An error names the input as given: a path or URL may carry a token.
