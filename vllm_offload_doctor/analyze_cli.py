@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 import click
 
 from vllm_offload_doctor import exitcodes
-from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
+from vllm_offload_doctor.common_cli import (
+    color_option,
+    complete_path,
+    format_option,
+    resolve_color,
+)
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.formats import OutputFormat
 
@@ -40,7 +45,7 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 
 @click.command("analyze", short_help="Name the root cause in vLLM server logs.")
-@click.argument("paths", nargs=-1, required=True)
+@click.argument("paths", nargs=-1, required=True, shell_complete=complete_path)
 @format_option(
     FORMATS, "markdown is a reply to paste into an issue; several inputs end with a triage table."
 )
@@ -77,6 +82,13 @@ def analyze(
     PATHS are log files (plain, or compressed with gzip, bzip2 or xz), directories (every
     *.log, *.txt, *.out, *.err and compressed log under them) or - for stdin.
     Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read.
+
+    \b
+    Examples:
+      offload-doctor analyze server.log                  # name the root cause
+      vllm serve M 2>&1 | offload-doctor analyze -       # read a log as it is written
+      offload-doctor analyze logs/ --format markdown     # triage a folder, paste the table
+      offload-doctor analyze server.log.gz --redact      # hide host and user names too
     """
     from vllm_offload_doctor import logread
     from vllm_offload_doctor.analyze import Engine

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 import click
 
 from vllm_offload_doctor import __version__, exitcodes
+from vllm_offload_doctor.common_cli import WorkflowGroup
 from vllm_offload_doctor.errors import DoctorError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=WorkflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="offload-doctor")
 def cli() -> None:
     """The truth about vLLM's --cpu-offload-gb.
@@ -30,8 +31,9 @@ def _register() -> None:
     from vllm_offload_doctor.analyze_cli import analyze, rules
     from vllm_offload_doctor.check_cli import check
     from vllm_offload_doctor.compare_cli import compare
+    from vllm_offload_doctor.completion_cli import completion
 
-    commands: tuple[click.Command, ...] = (check, compare, analyze, rules)
+    commands: tuple[click.Command, ...] = (check, compare, analyze, rules, completion)
     for command in commands:
         cli.add_command(command)
 
