@@ -63,3 +63,22 @@ def test_completion_completes_commands_and_paths() -> None:
     assert _complete("offload-doctor analyze fix") == ["file,fix"]
     assert _complete("offload-doctor check --model /mo") == ["file,/mo"]
     assert _complete("offload-doctor compare --model /mo") == ["file,/mo"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "markdown", "text"])
+def test_compare_dry_run_honours_format(fmt: str) -> None:
+    args = ["compare", "--dry-run", "--format", fmt, "--vllm-cmd", sys.executable]
+    args += ["--offload-gb", "0.5", "--offload-gb", "1"]
+    result = CliRunner().invoke(cli, args, standalone_mode=False)
+    assert result.exception is None and result.return_value == 0, result.output
+    if fmt == "json":
+        import json
+
+        doc = json.loads(result.output)
+        assert doc["dry_run"] is True
+        assert [m["offload_gb"] for m in doc["modes"]] == [0.0, 0.5, 1.0]
+        assert all(m["argv"][0] == sys.executable for m in doc["modes"])
+    elif fmt == "markdown":
+        assert result.output.startswith("```bash\n") and result.output.rstrip().endswith("```")
+    else:
+        assert result.output.startswith("# offload-doctor compare")

@@ -208,12 +208,13 @@ def compare(
       offload-doctor compare --dry-run                   # print the commands only
       offload-doctor compare -- --enforce-eager          # extra `vllm serve` flags
     """
+    import json
     import shlex
     import sys
     from pathlib import Path
 
     from vllm_offload_doctor import exitcodes
-    from vllm_offload_doctor.compare.artifacts import commands_text, default_out_dir
+    from vllm_offload_doctor.compare.artifacts import commands_data, commands_text, default_out_dir
     from vllm_offload_doctor.compare.config import (
         DEFAULT_MAX_MODEL_LEN,
         DEFAULT_PROMPT,
@@ -222,6 +223,7 @@ def compare(
         with_tensor_parallel,
     )
     from vllm_offload_doctor.compare.run import CompareRun
+    from vllm_offload_doctor.schema import SCHEMA_VERSION
     from vllm_offload_doctor.server import Terminated, sigterm_as_interrupt
 
     extra, own = absorb_passthrough(
@@ -254,7 +256,14 @@ def compare(
     )
     cfg.validate()
     if dry_run:
-        click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
+        # A dry run answers in the format asked for, like the run itself.
+        if fmt is OutputFormat.JSON:
+            doc = {"schema_version": SCHEMA_VERSION, **commands_data(cfg, cfg.fix_env())}
+            click.echo(json.dumps(doc, ensure_ascii=False, indent=2))
+        elif fmt is OutputFormat.MARKDOWN:
+            click.echo(f"```bash\n{commands_text(cfg, cfg.fix_env())}```")
+        else:
+            click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
         return exitcodes.OK
     cfg.check_command()
 
