@@ -15,29 +15,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vllm_offload_doctor.analyze import rule_view
 from vllm_offload_doctor.analyze.rules import Rule, load_rules
 
 START = "<!-- rules:start -->"
 END = "<!-- rules:end -->"
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
 def table(rules: Sequence[Rule] | None = None) -> str:
-    """The rules as a Markdown table, highest precedence first (the order `analyze` ranks them)."""
-    rules = load_rules() if rules is None else rules
-    lines = [
-        "| id | category | severity | precedence | title |",
-        "|---|---|---|---:|---|",
-    ]
-    lines.extend(
-        f"| `{r.id}` | `{r.category.value}` | {r.severity.value} | {r.precedence} "
-        f"| {_cell(r.title)} |"
-        for r in sorted(rules, key=lambda r: (-r.precedence, r.id))
-    )
-    return "\n".join(lines) + "\n"
+    """The rules as a Markdown table: `offload-doctor rules --format markdown`."""
+    return rule_view.markdown_table(load_rules() if rules is None else rules)
 
 
 def section(text: str) -> str | None:

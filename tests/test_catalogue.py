@@ -116,7 +116,7 @@ def test_keywords_gate_the_rules_own_patterns_as_in_analyze() -> None:
 
 
 def test_rules_id_shows_cited_files_and_releases(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _cli("rules", "OOM002") == 0
+    assert _cli("rules", "OOM002", "--verbose") == 0
     out = capsys.readouterr().out
     cited = catalogue.cited(_rule("OOM002"), CAT)
     assert f"vLLM source: {len(cited)} messages cited" in out
@@ -189,11 +189,11 @@ def test_rules_id_names_shapes_and_silence(capsys: pytest.CaptureFixture[str]) -
     crash = _rule("CRASH001")
     broad = catalogue.cite(crash, CAT).generic
     assert broad
-    assert _cli("rules", "CRASH001") == 0
+    assert _cli("rules", "CRASH001", "--verbose") == 0
     out = capsys.readouterr().out
     for index, _, count in broad:
         assert f"pattern {index + 1} matches {count} catalogued messages: a shape" in out
     assert "matches 0 catalogued" not in out
     # PORT001 reads the OS's errno text, which no vLLM file raises.
-    assert _cli("rules", "PORT001") == 0
+    assert _cli("rules", "PORT001", "--verbose") == 0
     assert "vLLM source: no catalogued message matches" in capsys.readouterr().out

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("vllm_offload_doctor.analyze.cli", "analyze"),
     "rules": ("vllm_offload_doctor.analyze.cli", "rules"),
     "inspect": ("vllm_offload_doctor.inspect.cli", "inspect"),
+    "completion": ("vllm_offload_doctor.completion_cli", "completion"),
 }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import click
+import click.shell_completion
 
 from vllm_offload_doctor.color import use_color
 from vllm_offload_doctor.formats import OutputFormat, ordered
@@ -38,6 +39,13 @@ def color_option() -> Callable[[F], F]:
         help="Colour the text output (default: on a terminal, unless NO_COLOR or TERM=dumb; "
         "FORCE_COLOR forces it).",
     )
+
+
+def complete_path(
+    _ctx: click.Context, _param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    """Let the shell complete file and directory names (click asks it to, by type "file")."""
+    return [click.shell_completion.CompletionItem(incomplete, type="file")]
 
 
 def resolve_color(flag: bool | None) -> bool:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from vllm_offload_doctor import exitcodes
-from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
+from vllm_offload_doctor.common_cli import (
+    color_option,
+    complete_path,
+    format_option,
+    resolve_color,
+)
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.formats import OutputFormat
 
 if TYPE_CHECKING:
+    from vllm_offload_doctor.analyze import rule_view
     from vllm_offload_doctor.analyze.rules import Rule
 
 # analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
@@ -38,7 +45,7 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 
 @click.command("analyze", short_help="Name the root cause in vLLM server logs.")
-@click.argument("paths", nargs=-1, required=True)
+@click.argument("paths", nargs=-1, required=True, shell_complete=complete_path)
 @format_option(
     FORMATS, "markdown is a reply to paste into an issue; several inputs end with a triage table."
 )
@@ -75,12 +82,26 @@ def analyze(
     PATHS are log files (plain, or compressed with gzip, bzip2 or xz), directories (every
     *.log, *.txt, *.out, *.err and compressed log under them) or - for stdin.
     Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read.
+
+    \b
+    Examples:
+      offload-doctor analyze server.log                  # name the root cause
+      vllm serve M 2>&1 | offload-doctor analyze -       # read a log as it is written
+      offload-doctor analyze logs/ --format markdown     # triage a folder, paste the table
+      offload-doctor analyze server.log.gz --redact      # hide host and user names too
     """
     from vllm_offload_doctor.analyze import logread
     from vllm_offload_doctor.analyze.engine import Engine
     from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
     from vllm_offload_doctor.redact import scrub_text
 
+    if "-" in paths and sys.stdin.isatty():
+        # Without this a terminal user sees nothing and may think the doctor hangs.
+        click.echo(
+            "offload-doctor: reading a log from the terminal: paste it, then Ctrl+D "
+            "(or pipe one in: `vllm serve ... 2>&1 | offload-doctor analyze -`)",
+            err=True,
+        )
     engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
     # An error names the input as given: a path or URL may carry a token.
@@ -111,35 +132,74 @@ def analyze(
     return exitcodes.FOUND if any(a.failed for a in analyses) else exitcodes.OK
 
 
-@click.command("rules", short_help="List the log rules, or explain one.")
-@click.argument("rule_id", required=False)
+@click.command("rules", short_help="List the log rules, or explain some.")
+@click.argument("rule_ids", metavar="[ID]...", nargs=-1)
 @click.option(
-    "--rules", "rule_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path)
+    "--rules",
+    "rule_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of extra rule files (TOML) to list with the built-in ones; may be repeated.",
 )
 @click.option(
-    "--format", "fmt", type=click.Choice(("text", "json")), default="text", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json", "markdown")),
+    default="text",
+    show_default=True,
+    help="markdown: the rule table as the README shows it, or each rule explained.",
 )
-def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
-    """List the rules, or explain one (by id or name)."""
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="The rule author's view: patterns, conditions, template and every catalogued message.",
+)
+def rules(rule_ids: tuple[str, ...], rule_dirs: tuple[Path, ...], fmt: str, verbose: bool) -> int:
+    """List the rules, or explain the ones named by id, name or id prefix (OOM: every OOM rule).
+
+    \b
+    Examples:
+      offload-doctor rules                    # one line per rule
+      offload-doctor rules OFF001             # what it means, what to do
+      offload-doctor rules OOM                # every OOM rule
+      offload-doctor rules OFF001 OOM003 -v   # the rule author's view
+      offload-doctor rules --format markdown  # the README's rule table
+    """
+    from vllm_offload_doctor.analyze import rule_view
     from vllm_offload_doctor.analyze.rules import load_rules
 
     loaded = load_rules(rule_dirs)
-    if rule_id is None:
+    if not rule_ids:
         if fmt == "json":
             cat = _catalogue()
             listed = [_rule_dict(r) | _sources(r, None, cat) for r in loaded]
             click.echo(json.dumps(listed, indent=2, ensure_ascii=False))
-            return exitcodes.OK
-        click.echo(_rule_table(loaded))
+        elif fmt == "markdown":
+            click.echo(rule_view.markdown_table(loaded), nl=False)
+        else:
+            click.echo(_rule_table(loaded))
         return exitcodes.OK
-    wanted = rule_id.upper()
-    match = [r for r in loaded if r.id == wanted or r.name == rule_id]
-    if not match:
-        raise InputError(f"no rule {rule_id!r}; `offload-doctor rules` lists them")
-    r = match[0]
+    chosen = rule_view.select(loaded, rule_ids)
     if fmt == "json":
-        click.echo(json.dumps(_rule_dict(r) | _sources(r, None), indent=2, ensure_ascii=False))
+        cat = _catalogue()
+        docs = [_rule_dict(r) | _sources(r, None, cat) for r in chosen]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, ensure_ascii=False))
         return exitcodes.OK
+    cat = _catalogue()
+    parts = []
+    for r in chosen:
+        if fmt == "markdown":
+            parts.append(rule_view.markdown_rule(r, _user_sources(r, cat)))
+        elif verbose:
+            parts.append(_author_view(r, cat))
+        else:
+            parts.append(rule_view.user_text(r, _user_sources(r, cat)))
+    click.echo("\n\n".join(p.rstrip("\n") for p in parts))
+    return exitcodes.OK
+
+
+def _author_view(r: Rule, cat: object) -> str:
     lines = [
         f"{r.id} ({r.name}): {r.title}",
         f"  category:   {r.category.value}    severity: {r.severity.value}    precedence: {r.precedence}",
@@ -152,9 +212,22 @@ def rules(rule_id: str | None, rule_dirs: tuple[Path, ...], fmt: str) -> int:
             lines.append(f"  when {kind}: " + "; ".join(c.text for c in conds))
     lines += [f"  link:       {link}" for link in r.links]
     lines.append(f"  file:       {r.source}")
-    _sources(r, lines)
-    click.echo("\n".join(lines))
-    return exitcodes.OK
+    _sources(r, lines, cat)
+    return "\n".join(lines)
+
+
+def _user_sources(r: Rule, cat: object, limit: int = 6) -> list[rule_view.Source]:
+    """The vLLM messages behind a rule: those it cites, else those its patterns match."""
+    from vllm_offload_doctor.analyze import catalogue, rule_view
+
+    if not isinstance(cat, catalogue.Catalogue):
+        return []
+    found = [m for c in catalogue.cited(r, cat) for m, _ in c.found]
+    if not found:
+        found = [m for m, _ in catalogue.cite(r, cat).messages]
+    return [
+        rule_view.Source(m.kind, m.type, m.template, m.where(), m.span()) for m in found[:limit]
+    ]
 
 
 def _catalogue() -> object:

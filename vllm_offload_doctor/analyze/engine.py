@@ -501,11 +501,13 @@ def _fact_evidence(facts: Facts, collector: FactCollector, rule: Rule) -> tuple[
     numbers = [Evidence(*v) for k, v in collector.number_lines.items() if k.startswith("kv_") or k == "gpu_blocks"]
     if "kv_" in named:
         return tuple(sorted(numbers, key=lambda e: e.line))
-    args_line = collector.args_evidence
-    out = [Evidence(*args_line)] if args_line else []
+    out = []
+    # The runner line is the telling one (V2 ignores the offload); the args line shows the request.
     if facts.model_runner_evidence:
         no, _, text = facts.model_runner_evidence.partition(": ")
         out.append(Evidence(int(no), text))
+    if collector.args_evidence:
+        out.append(Evidence(*collector.args_evidence))
     return tuple(out)
 
 

@@ -454,7 +454,8 @@ class FactCollector:
     def _runner_and_offload(self, line: Line) -> None:
         msg, f = line.msg, self.facts
         if _RUNNER_V2.match(msg) or _RUNNER_V2_LOAD.match(msg):
-            if f.model_runner != "v1" or _RUNNER_V2.match(msg):
+            # The banner is the telling line: a later "Loading model from scratch" must not replace it.
+            if _RUNNER_V2.match(msg) or f.model_runner not in ("v1", "v2"):
                 f.model_runner, f.model_runner_evidence = "v2", f"{line.no}: {msg}"
             return
         if _RUNNER_V1_LOAD.match(msg) or _RUNNER_FALLBACK.match(msg):

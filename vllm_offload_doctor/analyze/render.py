@@ -7,18 +7,24 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_offload_doctor.analyze.model import Analysis, Category, RankOffload
+from vllm_offload_doctor.analyze.model import Analysis, Category, Evidence, RankOffload
+from vllm_offload_doctor.analyze.normalize import parse
 from vllm_offload_doctor.color import paint
-from vllm_offload_doctor.formats import SCHEMA_VERSION, OutputFormat, shorten
+from vllm_offload_doctor.formats import ELLIPSIS, SCHEMA_VERSION, OutputFormat, shorten
 from vllm_offload_doctor.redact import redact, scrub_data, scrub_text
 
 EVIDENCE_WIDTH = 300  # characters of a log line shown as evidence
 SUMMARY_WIDTH = 100  # characters of a summary in the triage table
+WIDTH = 80  # text output wraps here, at word boundaries, with a hanging indent
+FILE_WIDTH = 32  # the triage table's file column; a longer name loses its middle, not its start
+# The generic "engine died" rule: beside a root cause that matched, its title contradicts it.
+GENERIC_CRASH = "CRASH001"
 
 
 def _scrub(value: Any, *, hosts: bool, home: bool) -> Any:
@@ -87,12 +93,12 @@ class Renderer:
             if v.category is Category.UNKNOWN
             else "red"
         )
-        out = [
-            self._style(self._r(a.file), "bold"),
-            f"  verdict:  {self._style(v.category.value, colour, 'bold')} — {v.title}"
-            + (f" [{v.rule_id}]" if v.rule_id else ""),
-            f"  {self._r(v.summary)}",
-        ]
+        head = f"{v.category.value} — {v.title}" + (f" [{v.rule_id}]" if v.rule_id else "")
+        verdict = _wrap("  verdict:  ", head)
+        styled = self._style(v.category.value, colour, "bold")
+        verdict[0] = verdict[0].replace(v.category.value, styled, 1)
+        out = [self._style(self._r(a.file), "bold"), *verdict]
+        out += _wrap("  ", self._r(v.summary))
         o = a.offload
         req = (
             f"{o.requested_gib:g} GiB requested"
@@ -100,7 +106,7 @@ class Renderer:
             else "no request seen"
         )
         got = f", {o.offloaded_gib:.2f} GiB offloaded" if o.offloaded_gib else ""
-        out.append(f"  offload:  {o.status.value} ({req}{got}) — {self._r(o.explanation)}")
+        out += _wrap("  offload:  ", f"{o.status.value} ({req}{got}) — {self._r(o.explanation)}")
         f = a.facts
         bits = [
             f"vLLM {f.vllm_version or 'version not in the log'}",
@@ -112,27 +118,44 @@ class Renderer:
             f"{f.kv_cache_tokens:,} KV tokens" if f.kv_cache_tokens else None,
             "reached ready" if f.reached_ready else "never ready",
         ]
-        out.append("  facts:    " + ", ".join(b for b in bits if b))
+        out += _wrap("  facts:    ", ", ".join(b for b in bits if b))
         if len(f.ranks) > 1:
-            out.extend(_rank_line(rank) for rank in f.ranks.values())
+            for rank in f.ranks.values():
+                out += _wrap("    ", _rank_line(rank).strip(), "      ")
         if a.findings:
             top = a.findings[0]
             out.append("  evidence:")
-            out.extend(f"    {e.line:>6}: {self._evidence(e.text)}" for e in top.evidence)
+            out += self._evidence_lines(top.evidence)
             if v.remedy:
-                out.append(f"  remedy:   {self._r(v.remedy)}")
+                out += _wrap("  remedy:   ", self._r(v.remedy))
             out.extend(f"  link:     {link}" for link in v.links)
-            out.extend(
-                f"  also:     [{o.rule_id}] {o.title} ({o.category.value})" for o in a.findings[1:]
-            )
+            for other in a.findings[1:]:
+                if other.rule_id == GENERIC_CRASH and top.rule_id != GENERIC_CRASH:
+                    continue
+                also = f"[{other.rule_id}] {other.title} ({other.category.value})"
+                out += _wrap("  also:     ", also)
         elif a.notable:
             out.append("  most relevant lines:")
-            out.extend(f"    {e.line:>6}: {self._evidence(e.text)}" for e in a.notable)
-            out.append(f"  next step: {v.remedy}")
+            out += self._evidence_lines(a.notable)
+            out += _wrap("  next step: ", v.remedy)
         if a.error:
-            out.append(f"  note:     {self._r(a.error)}")
-        out.extend(f"  note:     {self._r(n)}" for n in a.notes)
+            out += _wrap("  note:     ", self._r(a.error))
+        for n in a.notes:
+            out += _wrap("  note:     ", self._r(n))
         return self._final(out)
+
+    def _evidence_lines(self, evidence: Sequence[Evidence]) -> list[str]:
+        """Each evidence line once (the same message from two processes is one line), wrapped."""
+        out: list[str] = []
+        seen: set[str] = set()
+        for e in evidence:
+            # Evidence text is capped with its prefix, so two copies may end apart: compare starts.
+            key = parse(e.line, e.text).msg[:200]
+            if key in seen:
+                continue
+            seen.add(key)
+            out += _wrap(f"    {e.line:>6}: ", self._evidence(e.text))
+        return out
 
     def _final(self, lines: list[str]) -> str:
         # Evidence lines are consecutive: a PEM block may begin in one and end lines later.
@@ -196,15 +219,41 @@ class Renderer:
             out += [f"| {c} | {n} |" for c, n in counts.most_common()]
             out += [f"\n{len(errors)} input(s) could not be read." if errors else ""]
             return "\n".join(out).rstrip()
-        width = max((len(r[0]) for r in rows), default=4)
-        width = min(max(width, 4), 60)
-        out = [f"{'file':<{width}}  {'category':<18} {'offload':<13} summary"]
-        out += [f"{r[0][-width:]:<{width}}  {r[1]:<18} {r[2]:<13} {r[3]}" for r in rows]
+        names = [_middle(r[0], FILE_WIDTH) for r in rows]
+        width = max(4, *(len(n) for n in names)) if names else 4
+        cat_w = max(8, *(len(r[1]) for r in rows)) if rows else 8
+        off_w = max(7, *(len(r[2]) for r in rows)) if rows else 7
+        room = max(WIDTH - width - cat_w - off_w - 6, 40)
+        out = [f"{'file':<{width}}  {'category':<{cat_w}}  {'offload':<{off_w}}  summary"]
+        out += [
+            f"{n:<{width}}  {r[1]:<{cat_w}}  {r[2]:<{off_w}}  {shorten(r[3], room)}"
+            for n, r in zip(names, rows, strict=True)
+        ]
         out.append("")
         out.append("counts: " + ", ".join(f"{c} {n}" for c, n in counts.most_common()))
         if errors:
             out.append(f"{len(errors)} input(s) could not be read")
         return "\n".join(out)
+
+
+def _wrap(prefix: str, text: str, indent: str | None = None) -> list[str]:
+    """`prefix` then `text`, wrapped at WIDTH on word boundaries, later lines under the text."""
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=prefix,
+        subsequent_indent=" " * len(prefix) if indent is None else indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [prefix.rstrip()]
+
+
+def _middle(name: str, width: int) -> str:
+    """A name cut to `width` in the middle: its start and its file name stay readable."""
+    if len(name) <= width:
+        return name
+    tail = (width - len(ELLIPSIS)) // 2
+    return name[: width - len(ELLIPSIS) - tail] + ELLIPSIS + name[-tail:]
 
 
 def _rank_line(rank: RankOffload) -> str:

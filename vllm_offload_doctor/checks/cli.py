@@ -8,7 +8,12 @@ from pathlib import Path
 import click
 
 from vllm_offload_doctor.checks.render import RENDERERS
-from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
+from vllm_offload_doctor.common_cli import (
+    color_option,
+    complete_path,
+    format_option,
+    resolve_color,
+)
 from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
 
@@ -43,6 +48,7 @@ from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
     "--model",
     metavar="DIR|ORG/NAME",
     help="Local model directory or a repo id already in the Hugging Face cache (never downloaded).",
+    shell_complete=complete_path,
 )
 @click.option(
     "--max-model-len",
@@ -104,6 +110,13 @@ def check(
 
     Exit status: 0 all ok or warnings only, 1 a check failed (--strict: or warned),
     2 nothing could be checked or bad usage (a --model that is not there).
+
+    \b
+    Examples:
+      offload-doctor check                                # this machine and its vLLM
+      offload-doctor check --model /models/m --offload-gb 8   # will it fit?
+      offload-doctor check --python ~/vllm-env/bin/python # the vLLM of another venv
+      offload-doctor check --format markdown              # a reply to paste into an issue
     """
     from vllm_offload_doctor.checks import Options, run_checks
     from vllm_offload_doctor.checks.render import render

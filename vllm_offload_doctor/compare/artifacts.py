@@ -64,6 +64,27 @@ def commands_text(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) 
     return "\n".join(lines) + "\n"
 
 
+def commands_data(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """What `commands_text` says, as data: `compare --dry-run --format json`."""
+    verify = None
+    if fix_env:
+        gb = cfg.offload_gb[0]
+        verify = {"offload_gb": gb, "env": dict(fix_env), "argv": scrub_argv(cfg.argv(gb))}
+    return {
+        "dry_run": True,
+        "environment": relevant_env(),
+        "modes": [{"offload_gb": gb, "argv": scrub_argv(cfg.argv(gb))} for gb in cfg.modes()],
+        "verify_fix": verify,
+        "request": {
+            "warmup": cfg.warmup,
+            "repeats": cfg.repeats,
+            "url": f"http://{f'[{cfg.host}]' if ':' in cfg.host else cfg.host}:{cfg.port}"
+            "/v1/chat/completions",
+            "body": scrub_data(cfg.request_body()),
+        },
+    }
+
+
 def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

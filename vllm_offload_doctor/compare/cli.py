@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import click
 
-from vllm_offload_doctor.common_cli import color_option, format_option, resolve_color
+from vllm_offload_doctor.common_cli import (
+    color_option,
+    complete_path,
+    format_option,
+    resolve_color,
+)
 from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
 from vllm_offload_doctor.compare.render import RENDERERS
 from vllm_offload_doctor.formats import OutputFormat
@@ -15,6 +20,7 @@ from vllm_offload_doctor.formats import OutputFormat
 
 @click.command(
     "compare",
+    short_help="Measure offload 0 against offload X: did it take effect?",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.option(
@@ -22,6 +28,7 @@ from vllm_offload_doctor.formats import OutputFormat
     default=DEFAULT_MODEL,
     show_default=True,
     help="Model name or local path given to `vllm serve`.",
+    shell_complete=complete_path,
 )
 @click.option(
     "--revision",
@@ -56,8 +63,10 @@ from vllm_offload_doctor.formats import OutputFormat
     default=None,
     help="Context length of every mode (default 2048; also accepted after `--`).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address each `vllm serve` binds.")
+@click.option(
+    "--port", type=int, default=8000, show_default=True, help="Port each `vllm serve` listens on."
+)
 @click.option(
     "--repeats", type=int, default=5, show_default=True, help="Measured requests per mode."
 )
@@ -75,7 +84,9 @@ from vllm_offload_doctor.formats import OutputFormat
     help="Accepted answer, case-insensitive substring (repeatable). Default for the "
     "default prompt: Париж / Paris. A mismatch is reported, never a failure.",
 )
-@click.option("--max-tokens", type=int, default=32, show_default=True)
+@click.option(
+    "--max-tokens", type=int, default=32, show_default=True, help="Tokens generated per request."
+)
 @click.option(
     "--stream/--no-stream",
     default=False,
@@ -97,7 +108,12 @@ from vllm_offload_doctor.formats import OutputFormat
     help="Seconds each mode may take to become ready (a failing load ends the mode at once).",
 )
 @click.option(
-    "--request-timeout", "request_timeout_s", type=float, default=300.0, show_default=True
+    "--request-timeout",
+    "request_timeout_s",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds one measured request may take before it counts as failed.",
 )
 @click.option(
     "--grace",
@@ -184,13 +200,21 @@ def compare(
     \b
     Exit status: 0 offload took effect; 1 ignored, a mode failed or inconclusive;
     2 usage or environment error; 130 interrupted (143 on SIGTERM).
+
+    \b
+    Examples:
+      offload-doctor compare --model Qwen/Qwen3-0.6B --offload-gb 0.5
+      offload-doctor compare --offload-gb 0.25 --offload-gb 0.5 --offload-gb 1
+      offload-doctor compare --dry-run                   # print the commands only
+      offload-doctor compare -- --enforce-eager          # extra `vllm serve` flags
     """
+    import json
     import shlex
     import sys
     from pathlib import Path
 
     from vllm_offload_doctor import exitcodes
-    from vllm_offload_doctor.compare.artifacts import commands_text, default_out_dir
+    from vllm_offload_doctor.compare.artifacts import commands_data, commands_text, default_out_dir
     from vllm_offload_doctor.compare.config import (
         DEFAULT_MAX_MODEL_LEN,
         DEFAULT_PROMPT,
@@ -200,6 +224,7 @@ def compare(
     )
     from vllm_offload_doctor.compare.run import CompareRun
     from vllm_offload_doctor.compare.server import Terminated, sigterm_as_interrupt
+    from vllm_offload_doctor.formats import SCHEMA_VERSION
 
     extra, own = absorb_passthrough(
         with_tensor_parallel(list(vllm_args), tensor_parallel_size),
@@ -231,7 +256,14 @@ def compare(
     )
     cfg.validate()
     if dry_run:
-        click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
+        # A dry run answers in the format asked for, like the run itself.
+        if fmt is OutputFormat.JSON:
+            doc = {"schema_version": SCHEMA_VERSION, **commands_data(cfg, cfg.fix_env())}
+            click.echo(json.dumps(doc, ensure_ascii=False, indent=2))
+        elif fmt is OutputFormat.MARKDOWN:
+            click.echo(f"```bash\n{commands_text(cfg, cfg.fix_env())}```")
+        else:
+            click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
         return exitcodes.OK
     cfg.check_model()
     cfg.check_command()

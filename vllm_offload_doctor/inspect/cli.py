@@ -131,7 +131,7 @@ def _link(facts: ServerFacts, gpus: list[Gpu]) -> tuple[int | None, int | None]:
     return (gpus[0].pcie_gen, gpus[0].pcie_width) if len(gpus) == 1 else (None, None)
 
 
-@click.command("inspect")
+@click.command("inspect", short_help="Is offload in effect on a running vLLM server?")
 @click.argument("pid", type=int, required=False)
 @click.option("--port", type=click.IntRange(1, 65535), help="The server listening on this port.")
 @click.option("--url", help="The server at this URL (its port picks the local process).")
@@ -154,6 +154,12 @@ def inspect(
 
     Reads each rank's shared memory (RssShmem in /proc/PID/status): offloaded weights live in
     shared, pinned host memory. Exit 0 in effect or not requested, 1 ignored, 2 cannot tell.
+
+    \b
+    Examples:
+      offload-doctor inspect                        # every vllm serve of this user here
+      offload-doctor inspect --port 8000 --format json
+      offload-doctor inspect 12345                  # the server tree of that pid
     """
     if sum(x is not None for x in (pid, port, url)) > 1:
         raise click.UsageError("give at most one of PID, --port, --url")
