@@ -37,8 +37,11 @@ class Clues:
     # The first distinct exception messages (text after `Class: `), looked up in the catalogue
     # only when no rule or frame decides (raises.py).
     exceptions: dict[str, Evidence] = field(default_factory=dict)
+    raised: int = 0  # exception lines that are not wrappers, whatever their length
+    interrupt: Evidence | None = None  # KeyboardInterrupt / SIGINT: the user stopped it
 
     def note_exception(self, line: Line, text: str) -> None:
+        self.raised += 1
         if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
             self.exceptions.setdefault(text, Evidence(line.no, line.text[:600]))
 
@@ -154,10 +157,94 @@ def raise_finding(
     return None
 
 
-def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
-    """The engine process died without an exception of its own."""
-    if not clues.deaths:
+# Pinned offload from this many GiB up makes the OOM killer the likely end of an engine that
+# died without an exception (pinned memory takes up to 2 x the offload per GPU).
+LARGE_OFFLOAD_GIB = 8.0
+
+
+def silent_death(clues: Clues, *, up: bool = False) -> bool:
+    """The engine is gone: a death line, or before readiness a wrapper with no real exception
+    anywhere (after readiness a bare wrapper is the 'came up, then failed' fallback's)."""
+    if clues.interrupt is not None and clues.interrupt.line <= min(
+        (e.line for e in (*clues.deaths, *clues.wrappers)), default=clues.interrupt.line
+    ):
+        return False  # what dies after Ctrl+C was stopped, not killed
+    return bool(clues.deaths) or (not up and bool(clues.wrappers) and clues.raised == 0)
+
+
+def host_oom_verdict(clues: Clues, facts: Facts, *, up: bool = False) -> Verdict | None:
+    """An engine that died silently under a large pinned offload: the kernel's OOM killer."""
+    offload = facts.cpu_offload_gb or 0
+    if not silent_death(clues, up=up) or offload < LARGE_OFFLOAD_GIB or clues.interrupt is not None:
         return None
+    gpus = max(1, facts.tensor_parallel_size or 1)
+    pinned = offload * gpus
+    summary = (
+        "the engine process died without raising an exception ("
+        + ("a death line" if clues.deaths else "only a wrapper such as 'Engine core initialization "
+           "failed', no exception of its own")
+        + f") while --cpu-offload-gb {offload:g} was pinning host memory: the kernel's OOM killer is "
+        f"the usual cause; pinned memory took about {offload:g} GiB per GPU"
+        + (f" ({pinned:g} GiB over {gpus} GPUs)" if gpus > 1 else "")
+        + f", and up to 2 x --cpu-offload-gb per GPU (about {2 * offload:g} GiB each) while loading"
+    )
+    return Verdict(
+        Category.OOM_HOST,
+        "OOM005",
+        "The engine was killed, most likely by the kernel's OOM killer (pinned offload memory)",
+        summary,
+        Severity.ERROR,
+        "Confirm with `dmesg -T | grep -i -E 'killed process|oom'` or `journalctl -k`; then lower "
+        "--cpu-offload-gb, add host RAM or raise the container's memory limit, and run "
+        "`offload-doctor check --offload-gb X` for the pinned-memory budget.",
+    )
+
+
+def interrupt_verdict(clues: Clues, phase: str, seconds: float | None) -> Verdict | None:
+    """A start-up the user stopped (Ctrl+C / SIGINT): no failure, and not 'no known cause'."""
+    if clues.interrupt is None:
+        return None
+    where = {
+        "start": "during start-up",
+        "loading": "while loading the weights",
+        "loaded": "after the weights loaded",
+        "profiling": "while profiling memory",
+        "kv_cache": "while sizing the KV cache",
+        "graphs": "while capturing CUDA graphs",
+    }.get(phase, "during start-up")
+    after = f" after {seconds:.0f} s" if seconds is not None and seconds >= 0 else ""
+    return Verdict(
+        Category.UNKNOWN,
+        None,
+        "Stopped by the user",
+        f"stopped by Ctrl+C / SIGINT {where}{after} (line {clues.interrupt.line}): no failure of "
+        "vLLM's own, and nothing in the log says why it was stopped (slow start-up?)",
+        Severity.INFO,
+        "Let it run to 'Application startup complete'; if start-up seemed stuck, attach the whole "
+        "log and `offload-doctor check` output.",
+    )
+
+
+def death_verdict(clues: Clues, facts: Facts, *, up: bool = False) -> Verdict | None:
+    """The engine process died without an exception of its own."""
+    host = host_oom_verdict(clues, facts, up=up)
+    if host is not None:
+        return host
+    if not silent_death(clues, up=up):
+        return None
+    if not clues.deaths:
+        return Verdict(
+            Category.UNKNOWN,
+            None,
+            "The engine was killed without an exception",
+            "the engine was killed: the log shows only a wrapper ('Engine core initialization "
+            "failed', 'Failed core proc(s)') and no exception of its own, so the process was ended "
+            "from outside (a signal, the kernel's OOM killer, the container runtime); the log "
+            "cannot show which",
+            Severity.ERROR,
+            "Confirm an OOM kill with `dmesg -T | grep -i -E 'killed process|oom'` or "
+            "`journalctl -k`; check the container's memory limit and exit code (137 = SIGKILL).",
+        )
     summary = (
         "the engine process died without raising an exception (killed by a signal, 'Killed', "
         "'died unexpectedly', exit -9 or a Ray actor gone); the log cannot show why"

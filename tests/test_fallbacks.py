@@ -1,0 +1,72 @@
+"""Events decide the fallback verdict when no rule fires: a silent engine death, Ctrl+C during
+start-up, a fatal event after readiness, text that is not a vLLM log (fixtures/logs/fallback/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm_offload_doctor.analyze import analyze_file, analyze_lines
+from vllm_offload_doctor.model import Category
+
+FALLBACK = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "fallback"
+
+
+def test_silent_death_under_large_offload_is_host_oom() -> None:
+    a = analyze_file(FALLBACK / "silent-death-offload-0.25.1.log")
+    assert a.verdict.category is Category.OOM_HOST
+    assert "OOM killer" in a.verdict.summary and "96 GiB per GPU" in a.verdict.summary
+    assert "dmesg" in a.verdict.remedy and "journalctl -k" in a.verdict.remedy
+    assert a.failed
+
+
+def test_silent_death_without_offload_says_killed() -> None:
+    a = analyze_file(FALLBACK / "silent-death-no-offload-0.25.1.log")
+    assert a.verdict.category is Category.UNKNOWN
+    assert "killed" in a.verdict.summary
+    assert "No known cause" not in a.verdict.title
+
+
+def test_small_offload_is_not_enough_for_host_oom() -> None:
+    text = (FALLBACK / "silent-death-offload-0.25.1.log").read_text()
+    a = analyze_lines(text.replace("'cpu_offload_gb': 96", "'cpu_offload_gb': 2").splitlines())
+    assert a.verdict.category is Category.UNKNOWN
+
+
+def test_a_real_exception_is_not_a_silent_death() -> None:
+    lines = (FALLBACK / "silent-death-offload-0.25.1.log").read_text().splitlines()
+    lines.insert(5, "(EngineCore pid=800) ERROR 11-30 09:00:22 [core.py:1231] KeyError: 'w'")
+    a = analyze_lines(lines)
+    assert a.verdict.category is not Category.OOM_HOST
+
+
+def test_interrupt_while_loading() -> None:
+    a = analyze_file(FALLBACK / "interrupt-loading-0.25.1.log")
+    assert a.verdict.category is Category.UNKNOWN
+    assert "stopped by Ctrl+C / SIGINT while loading the weights after 185 s" in a.verdict.summary
+
+
+def test_ctrl_c_after_readiness_stays_healthy() -> None:
+    a = analyze_file(FALLBACK / "ready-then-ctrl-c-0.25.1.log")
+    assert a.verdict.category is Category.HEALTHY
+
+
+def test_engine_death_after_readiness_is_not_healthy() -> None:
+    a = analyze_file(FALLBACK / "ready-then-engine-dead-0.25.1.log")
+    assert a.verdict.category is Category.UNKNOWN
+    assert "came up" in a.verdict.summary and "line 140" in a.verdict.summary
+
+
+def test_request_error_after_readiness_stays_healthy() -> None:
+    a = analyze_file(FALLBACK / "ready-then-bad-request-0.25.1.log")
+    assert a.verdict.category is Category.HEALTHY
+
+
+def test_text_with_no_vllm_line() -> None:
+    a = analyze_file(FALLBACK / "not-a-vllm-log.txt")
+    assert a.verdict.category is Category.UNKNOWN
+    assert "this does not look like a vLLM server log" in a.verdict.summary
+
+
+def test_a_vllm_log_without_failure_is_not_called_foreign() -> None:
+    a = analyze_file(FALLBACK / "silent-death-no-offload-0.25.1.log")
+    assert "does not look like a vLLM" not in a.verdict.summary
