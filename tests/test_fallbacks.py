@@ -70,3 +70,22 @@ def test_text_with_no_vllm_line() -> None:
 def test_a_vllm_log_without_failure_is_not_called_foreign() -> None:
     a = analyze_file(FALLBACK / "silent-death-no-offload-0.25.1.log")
     assert "does not look like a vLLM" not in a.verdict.summary
+
+
+ARG001 = Path(__file__).resolve().parent.parent / "fixtures" / "rules" / "ARG001"
+
+
+def test_pydantic_wrapping_a_json_decode_error_is_not_bad_args() -> None:
+    a = analyze_file(ARG001 / "pydantic-wraps-json-decode.log")
+    assert a.verdict.category is Category.UNKNOWN
+    assert "Expecting value" in a.verdict.summary
+
+
+def test_pydantic_is_judged_by_its_inner_message() -> None:
+    a = analyze_file(ARG001 / "pydantic-wraps-download-error.log")
+    assert a.verdict.category is Category.MODEL_DOWNLOAD
+
+
+def test_pydantic_with_a_config_message_stays_bad_args() -> None:
+    a = analyze_file(ARG001 / "pydantic-value-error.log")
+    assert a.verdict.category is Category.BAD_ARGS

@@ -254,7 +254,10 @@ class _State:
                 self.notable_first.append(ev)
             else:
                 self.notable_last.append(ev)
-        for rule, groups in self._matches(line):
+        matches = self._matches(line)
+        if "Value error, " in msg:
+            self.clues.note_wrapped(line, msg, [r for r, _ in matches])
+        for rule, groups in matches:
             if wrapper and rule.category is Category.CRASH_OTHER:
                 continue  # a wrapper announces a failure; its cause is elsewhere
             hit = self.hits.get(rule.id)
@@ -413,6 +416,7 @@ class _State:
             if lent is not None:
                 findings.insert(0, lent)
         findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)
+        findings, unwrapped = verdict.judge_wrapped(findings, self.clues)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()
         if not findings:
@@ -427,7 +431,9 @@ class _State:
             alarm=self.alarm_after_up,
             vllm_seen=self._vllm_seen(facts),
         )
-        if not findings:
+        if not findings and unwrapped is not None:
+            final = unwrapped
+        elif not findings:
             final = (
                 # Ctrl+C after readiness is an ordinary stop: only a start-up is "interrupted".
                 (

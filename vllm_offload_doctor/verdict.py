@@ -40,6 +40,17 @@ class Clues:
     raised: int = 0  # exception lines that are not wrappers, whatever their length
     interrupt: Evidence | None = None  # KeyboardInterrupt / SIGINT: the user stopped it
 
+    # pydantic's 'Value error, <inner>' lines: (line, inner message, ids of other rules it matched)
+    wrapped: list[tuple[int, str, tuple[str, ...]]] = field(default_factory=list)
+
+    def note_wrapped(self, line: Line, msg: str, rules: Sequence[Rule]) -> None:
+        if len(self.wrapped) < MAX_EXCEPTIONS:
+            inner = msg.split("Value error, ", 1)[1].split(" [type=", 1)[0].strip()
+            others = tuple(
+                r.id for r in rules if r.id != PYDANTIC_RULE and r.category is not Category.CRASH_OTHER
+            )
+            self.wrapped.append((line.no, inner, others))
+
     def note_exception(self, line: Line, text: str) -> None:
         self.raised += 1
         if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
@@ -74,6 +85,57 @@ class Clues:
             self.wrappers.append(Evidence(line.no, line.text[:400]))
             return True
         return False
+
+
+PYDANTIC_RULE = "ARG001"  # reads pydantic's wrapper ('N validation error for X', 'Value error, ...')
+# Inner messages that say nothing about the arguments: Python's json decoder (an empty or broken
+# file as much as a bad JSON flag), and messages that point elsewhere for their cause.
+_NOT_ARGS = re.compile(
+    r"^(?:Expecting (?:value|property name enclosed in double quotes|'[,:]' delimiter)|Extra data|"
+    r"Unterminated string starting at|Invalid control character at|Invalid \\escape)"
+    r": line \d+ column \d+|Please check the logs for more details|See (?:root cause|stack trace) above"
+)
+
+
+def judge_wrapped(findings: list[Finding], clues: Clues) -> tuple[list[Finding], Verdict | None]:
+    """pydantic wraps whatever a validator raised: judge it by the inner message. Another rule that
+    reads that message decides; a message that is not about the arguments is no bad_args."""
+    if not findings or findings[0].rule_id != PYDANTIC_RULE or not clues.wrapped:
+        return findings, None
+    top = findings[0]
+    lines = {no for no, _, _ in clues.wrapped}
+    pydantic_only = all(
+        e.line in lines or "validation error" in e.text for e in top.evidence
+    )
+    if not pydantic_only:
+        return findings, None  # argparse or vLLM's own check: not a wrapped message
+    others = {rid for _, _, rids in clues.wrapped for rid in rids}
+    rest = [f for f in findings if f.rule_id != PYDANTIC_RULE]
+    if others:
+        return [f for f in rest if f.rule_id in others] + [
+            f for f in rest if f.rule_id not in others
+        ], None
+    foreign = [inner for _, inner, _ in clues.wrapped if _NOT_ARGS.search(inner)]
+    if len(foreign) < len(clues.wrapped):
+        return findings, None
+    kept = [
+        f for f in rest
+        if not (f.category is Category.CRASH_OTHER and all("validation error" in e.text or e.line in lines for e in f.evidence))
+    ]
+    if kept:
+        return kept, None
+    return kept, Verdict(
+        Category.UNKNOWN,
+        None,
+        "A validation error wraps a failure from elsewhere",
+        "vLLM's config validation (pydantic) reports a message that is not about the arguments: "
+        f"'{foreign[0][:200]}'; the log does not show what caused it (an empty or broken file "
+        "such as config.json, or an error logged elsewhere)",
+        Severity.ERROR,
+        "Look above this error for the first exception (or rerun with VLLM_LOGGING_LEVEL=DEBUG), "
+        "check that the model's config.json and any JSON flag are complete, and attach the whole "
+        "log with `offload-doctor check` output.",
+    )
 
 
 def rule_finding(
