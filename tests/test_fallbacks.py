@@ -89,3 +89,36 @@ def test_pydantic_is_judged_by_its_inner_message() -> None:
 def test_pydantic_with_a_config_message_stays_bad_args() -> None:
     a = analyze_file(ARG001 / "pydantic-value-error.log")
     assert a.verdict.category is Category.BAD_ARGS
+
+
+def test_folder_walk_skips_the_doctors_own_artifacts(tmp_path: Path) -> None:
+    from vllm_offload_doctor.logread import resolve_inputs
+
+    run = tmp_path / "compare-out"
+    run.mkdir()
+    log = (FALLBACK.parent / "healthy-0.25.1.log").read_text()
+    (run / "mode-0.log").write_text(log)
+    (run / "commands.txt").write_text(
+        "# offload-doctor compare: the exact commands (secrets redacted)\n\n# offload 0 GiB\n"
+        "vllm serve m --cpu-offload-gb 0\n"
+    )
+    (tmp_path / "check.txt").write_text(
+        "Doctor summary (to see all details, run offload-doctor check -v):\n"
+        "[✓] Operating system: Linux 6.8 (x86_64)\n"
+        "[✗] vLLM: vLLM is not installed for /venv/bin/python3\n"
+        "[!] Host RAM: 64 GiB for --cpu-offload-gb 40 x 1 GPU\n"
+    )
+    (tmp_path / "analyze.txt").write_text(
+        "server.log\n  verdict:  healthy — Server healthy\n  the server started\n"
+        "  offload:  not_requested\n  facts:    vLLM 0.25.1\n"
+    )
+    # A vLLM log that quotes a few lines of check output is still a log.
+    (tmp_path / "issue.log").write_text(
+        "[✓] Operating system: Linux 6.8 (x86_64)\n[✗] vLLM: not installed\n" + log
+    )
+    sources, errors = resolve_inputs([str(tmp_path)])
+    assert sorted(Path(s.name).name for s in sources) == ["issue.log", "mode-0.log"]
+    assert not errors
+    # Named on the command line, a file is read whatever it holds.
+    sources, _ = resolve_inputs([str(tmp_path / "check.txt")])
+    assert len(sources) == 1
