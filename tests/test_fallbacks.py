@@ -122,3 +122,14 @@ def test_folder_walk_skips_the_doctors_own_artifacts(tmp_path: Path) -> None:
     # Named on the command line, a file is read whatever it holds.
     sources, _ = resolve_inputs([str(tmp_path / "check.txt")])
     assert len(sources) == 1
+
+
+def test_a_wrapper_quoting_its_exception_is_no_silent_death() -> None:
+    a = analyze_file(FALLBACK.parent.parent / "rules" / "PY001" / "pasted-forms.log")
+    assert a.verdict.category is Category.PYTHON_ENV
+    assert "killed" not in a.verdict.summary
+
+
+def test_a_platform_line_is_vllm() -> None:
+    a = analyze_lines(["INFO 12-01 10:00:00 [__init__.py:239] Automatically detected platform cuda."])
+    assert "does not look like a vLLM" not in a.verdict.summary

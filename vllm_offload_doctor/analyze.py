@@ -194,6 +194,7 @@ class _State:
         self.loading_4dp: bool | None = None
         self.first_stamp: int | None = None  # seconds of the day of the first dated line
         self.last_stamp: int | None = None
+        self.saw_level = False
         self.interrupt_after: float | None = None
         # An engine-level alarm (CRITICAL/ERROR line, death, wrapper) after the server came up:
         # readiness followed by a fatal event is not healthy.
@@ -208,6 +209,8 @@ class _State:
             return  # a pasted report, not an event of this run
         self.collector.feed(line)
         msg = line.msg
+        if line.level is not None:
+            self.saw_level = True  # vLLM's 'LEVEL mm-dd hh:mm:ss [file:line]' or uvicorn's prefix
         if msg.startswith("Using V2 Model Runner"):
             self.v2_banner = True
         elif msg.startswith("Model loading took "):
@@ -472,6 +475,8 @@ class _State:
             or self.collector.phase != "start"
             or self.collector.serving_setup
             or facts.reached_ready
+            or facts.platform
+            or self.saw_level
             or self.hits
             or self.clues.wrappers
             or any("vllm" in path.lower() for _, _, path in self.collector.all_frames())

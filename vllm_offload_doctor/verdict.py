@@ -22,6 +22,7 @@ from vllm_offload_doctor.raises import MIN_LITERAL, RaiseMap
 from vllm_offload_doctor.rules import Rule, render_message
 
 _METHOD = re.compile(r"while processing method (\w+)")
+_REPR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)(?:\(['\"]|: \S)")  # an exception quoted in a line
 MAX_EXCEPTIONS = 16
 
 
@@ -81,8 +82,11 @@ class Clues:
             if len(self.deaths) < 3:
                 self.deaths.append(Evidence(line.no, line.text[:400]))
             return True
-        if any(k in msg for k in know.wrapper_keywords) and know.wrappers.search(msg):
+        wrapped = know.wrappers.search(msg) if any(k in msg for k in know.wrapper_keywords) else None
+        if wrapped:
             self.wrappers.append(Evidence(line.no, line.text[:400]))
+            if _REPR.search(msg[wrapped.end() :]):
+                self.raised += 1  # 'failed to start: ImportError(...)': the wrapper quotes its cause
             return True
         return False
 
