@@ -779,7 +779,11 @@ def _verdict(
     )
 
 
-_REQUEST_FILE = re.compile(r"\[(?:serving_\w*|protocol|api_server|launcher|logger)\.py:\d+\]")
+# The OpenAI front end's files: their ERROR lines are about one request (old prefixes have no '[').
+_REQUEST_FILE = re.compile(
+    r"[\[\s](?:serving_\w*|protocol|api_server|launcher|logger|chat_utils|\w*tool_parser|\w*reasoning\w*"
+    r"|harmony_utils|responses\w*)\.py:\d+\]"
+)
 
 
 def _request_level(line: Line) -> bool:
