@@ -31,8 +31,8 @@ def test_collect_env_gives_facts_and_no_verdict_of_its_own() -> None:
     assert f.vllm_version == "0.6.6.post1"  # the log's own line
     assert f.cpu_offload_gb == 20.0  # from the `$ vllm serve` prompt line
     assert f.pasted_reports == ["vllm collect-env"]
-    # The log ends in 'Killed': named as a death, with the pinned-memory arithmetic.
-    assert a.verdict.title == "The engine died without an exception"
+    # The log ends in 'Killed' under a 20 GiB offload: the OOM killer (LABELING.md: oom_host).
+    assert a.verdict.category.value == "oom_host" and "OOM killer" in a.verdict.title
     assert "2 x --cpu-offload-gb" in a.verdict.summary and "about 40 GiB" in a.verdict.summary
     assert "journalctl -k" in a.verdict.remedy
 

@@ -19,7 +19,8 @@ CASES = {
     "ray-actor-died.log": ("unknown", None, "not_requested", ("died without raising", "OOM killer")),
     "kv-offload-lmcache-oom.log": ("oom_weights", "OOM003", "not_requested", ("KV-cache offloading", "LMCache")),
     "v0-docker-kv-blocks.log": ("oom_kv_cache", None, "not_requested", ()),
-    "worker-died-exit-9.log": ("unknown", None, "effective", ("2 x --cpu-offload-gb", "about 96 GiB")),
+    # LABELING.md: no exception under a large offload is oom_host (the kernel's OOM killer).
+    "worker-died-exit-9.log": ("oom_host", "OOM005", "effective", ("2 x --cpu-offload-gb", "about 96 GiB", "OOM killer")),
     "hf-gated-ray-prefix.log": ("model_download", "DL001", "not_requested", ()),
     "uva-not-available-v2-wsl.log": ("offload_error", "OFF006", None, ()),
     "graph-capture-oom-0.33.log": ("oom_runtime", "OOM004", "not_requested", ("CUDA-graph",)),

@@ -45,6 +45,12 @@ _FATAL_HINT = declare(
     *("failed to start", "Engine core initialization failed"),
 )
 _LOADING_NUMBER = re.compile(r"Model loading took -?\d+(?:\.(\d*))? GiB")
+# Ctrl+C: the exception, the signal's name, the terminal's echo '^C' in front of the next line.
+_INTERRUPT = declare(
+    r"^(?:\w+\.)*KeyboardInterrupt\b|\bSIGINT\b|^\^C|Aborted!$", "KeyboardInterrupt", "SIGINT", "^C", "Aborted!"
+)
+_CUT_ALARM = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[")  # prefix cut off
+_STAMP = re.compile(r"\b(?:\d\d-\d\d|\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)\b")
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 MAX_EVIDENCE = 5
 CONTEXT_LINES = 12
@@ -186,6 +192,13 @@ class _State:
         # four decimals is the %.4f of V1 <=0.11 (or V2 0.12-0.13), two or fewer is format_gib (0.14+).
         self.v2_banner = False
         self.loading_4dp: bool | None = None
+        self.first_stamp: int | None = None  # seconds of the day of the first dated line
+        self.last_stamp: int | None = None
+        self.saw_level = False
+        self.interrupt_after: float | None = None
+        # An engine-level alarm (CRITICAL/ERROR line, death, wrapper) after the server came up:
+        # readiness followed by a fatal event is not healthy.
+        self.alarm_after_up: Evidence | None = None
 
     def feed(self, line: Line) -> None:
         self.last_no = line.no
@@ -196,6 +209,8 @@ class _State:
             return  # a pasted report, not an event of this run
         self.collector.feed(line)
         msg = line.msg
+        if line.level is not None:
+            self.saw_level = True  # vLLM's 'LEVEL mm-dd hh:mm:ss [file:line]' or uvicorn's prefix
         if msg.startswith("Using V2 Model Runner"):
             self.v2_banner = True
         elif msg.startswith("Model loading took "):
@@ -205,6 +220,29 @@ class _State:
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
         wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
+        stamp = _STAMP.search(line.text[:80]) if line.level else None
+        if stamp is not None:
+            secs = int(stamp[1]) * 3600 + int(stamp[2]) * 60 + int(stamp[3])
+            if self.first_stamp is None:
+                self.first_stamp = secs
+            self.last_stamp = secs
+        if self.clues.interrupt is None and (_INTERRUPT.search(msg) or line.text.startswith("^C")):
+            self.clues.interrupt = Evidence(line.no, line.text[:400])
+            if self.first_stamp is not None and self.last_stamp is not None:
+                self.interrupt_after = (self.last_stamp - self.first_stamp) % 86400
+        if (
+            self.alarm_after_up is None
+            and self.clues.interrupt is None  # errors while stopping on Ctrl+C are not the cause
+            and not self.collector.facts.shut_down
+            and (
+                self.ready_line is not None
+                or self.collector.serving_setup
+                or self.collector.served_requests
+            )
+            and (wrapper or line.level in ("ERROR", "CRITICAL") or _CUT_ALARM.match(msg))
+            and not _request_level(line)
+        ):
+            self.alarm_after_up = Evidence(line.no, line.text[:400])
         exc = _EXCEPTION.match(msg)
         is_exception = bool(exc) or bool(_FATAL_HINT.search(msg))
         if exc is not None and not wrapper:
@@ -219,7 +257,10 @@ class _State:
                 self.notable_first.append(ev)
             else:
                 self.notable_last.append(ev)
-        for rule, groups in self._matches(line):
+        matches = self._matches(line)
+        if "Value error, " in msg:
+            self.clues.note_wrapped(line, msg, [r for r, _ in matches])
+        for rule, groups in matches:
             if wrapper and rule.category is Category.CRASH_OTHER:
                 continue  # a wrapper announces a failure; its cause is elsewhere
             hit = self.hits.get(rule.id)
@@ -378,16 +419,38 @@ class _State:
             if lent is not None:
                 findings.insert(0, lent)
         findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)
+        findings, unwrapped = verdict.judge_wrapped(findings, self.clues)
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()
         if not findings:
             notable = (*self.clues.deaths, *self.notable_first, *self.notable_last)
             notable = tuple({e.line: e for e in notable}.values())
         final = _verdict(
-            facts, findings, offload, serving_setup=self.collector.serving_setup, notable=notable
+            facts,
+            findings,
+            offload,
+            serving_setup=self.collector.serving_setup,
+            notable=notable,
+            alarm=self.alarm_after_up,
+            vllm_seen=self._vllm_seen(facts),
         )
-        if not findings:
-            final = verdict.death_verdict(self.clues, facts) or final
+        if not findings and unwrapped is not None:
+            final = unwrapped
+        elif not findings:
+            final = (
+                # Ctrl+C after readiness is an ordinary stop: only a start-up is "interrupted".
+                (
+                    None
+                    if facts.reached_ready or self.collector.serving_setup
+                    else verdict.interrupt_verdict(
+                        self.clues, self.collector.phase, self.interrupt_after
+                    )
+                )
+                or verdict.death_verdict(
+                    self.clues, facts, up=facts.reached_ready or self.collector.serving_setup
+                )
+                or final
+            )
         final = verdict.with_kv_offload_note(final, facts)
         final = verdict.with_wsl_note(final, facts)
         return Analysis(
@@ -400,6 +463,23 @@ class _State:
             notable=notable,
             error=error,
             notes=self._timeout_notes(),
+        )
+
+    def _vllm_seen(self, facts: Facts) -> bool:
+        """Whether anything in the input is vLLM's: a version, arguments, a start-up phase, a frame."""
+        return bool(
+            facts.vllm_version
+            or facts.args
+            or self.collector.cli_args
+            or facts.model
+            or self.collector.phase != "start"
+            or self.collector.serving_setup
+            or facts.reached_ready
+            or facts.platform
+            or self.saw_level
+            or self.hits
+            or self.clues.wrappers
+            or any("vllm" in path.lower() for _, _, path in self.collector.all_frames())
         )
 
     def _timeout_notes(self) -> tuple[str, ...]:
@@ -637,11 +717,25 @@ def _verdict(
     *,
     serving_setup: bool = False,
     notable: Sequence[Evidence] = (),
+    alarm: Evidence | None = None,
+    vllm_seen: bool = True,
 ) -> Verdict:
     if findings:
         top = findings[0]
         return Verdict(
             top.category, top.rule_id, top.title, top.message, top.severity, top.remedy, top.links
+        )
+    if (facts.reached_ready or serving_setup) and alarm is not None:
+        return Verdict(
+            Category.UNKNOWN,
+            None,
+            "The server came up, then failed without a visible cause",
+            "the server came up, but a fatal event follows (line "
+            f"{alarm.line}: {alarm.text[:160].strip()}); the log does not show the exception that "
+            "caused it, so it is not healthy and the cause is cut off",
+            Severity.ERROR,
+            "Attach the whole log around that line (the engine or worker traceback above the "
+            "error) and the output of `offload-doctor check`.",
         )
     if facts.reached_ready or serving_setup:
         summary = (
@@ -653,6 +747,17 @@ def _verdict(
         if offload.status is OffloadStatus.EFFECTIVE:
             summary += f"; offloading took effect ({offload.offloaded_gib:.2f} GiB)"
         return Verdict(Category.HEALTHY, None, "Server healthy", summary, Severity.INFO)
+    if not vllm_seen and not notable:
+        return Verdict(
+            Category.UNKNOWN,
+            None,
+            "Not a vLLM server log",
+            "this does not look like a vLLM server log: no vLLM version, arguments, start-up "
+            "line, traceback frame in vLLM or known error in it",
+            Severity.INFO,
+            "Pass the output of `vllm serve` (from its command line to the end), not another "
+            "program's output.",
+        )
     summary = (
         "no failure that a rule explains, and the log does not show the server becoming ready; "
         "the error lines below are all it shows (the cause may be cut off)"
@@ -674,6 +779,20 @@ def _verdict(
         "Attach the whole log (from the `vllm serve` command line to the end) and the output of "
         "`offload-doctor check`.",
     )
+
+
+# The OpenAI front end's files: their ERROR lines are about one request (old prefixes have no '[').
+_REQUEST_FILE = re.compile(
+    r"[\[\s](?:serving_\w*|protocol|api_server|launcher|logger|chat_utils|\w*tool_parser|\w*reasoning\w*"
+    r"|harmony_utils|responses\w*)\.py:\d+\]"
+)
+
+
+def _request_level(line: Line) -> bool:
+    """An ERROR about one request (a 4xx, a bad prompt) is the server working, not dying."""
+    if line.level != "ERROR":
+        return False
+    return bool(_REQUEST_FILE.search(line.text[:200])) and "dead" not in line.msg
 
 
 _DEFAULT: Engine | None = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from vllm_offload_doctor.analyze.reports import is_doctor_output
 from vllm_offload_doctor.errors import InputError
 
 BLOCK = 4 << 20
@@ -60,7 +61,9 @@ def resolve_inputs(args: list[str]) -> tuple[list[Source], list[str]]:
         path = Path(arg)
         if path.is_dir():
             found = sorted(
-                p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES) and not doctor_artifact(p)
             )
             if not found:
                 errors.append(f"{arg}: directory holds no *.log, *.txt or compressed log files")
@@ -72,6 +75,27 @@ def resolve_inputs(args: list[str]) -> tuple[list[Source], list[str]]:
         else:
             sources.append(Source(arg, path))
     return sources, errors
+
+
+DOCTOR_FILES = ("report.md", "report.json", "commands.txt")  # what `compare --out` writes
+_ARTIFACT_HEAD = 8192
+
+
+def doctor_artifact(path: Path) -> bool:
+    """A file offload-doctor wrote (compare's artifacts, saved check/compare/analyze output): a
+    directory walk skips it rather than calling it an unknown log. Compressed files are logs."""
+    if path.name in DOCTOR_FILES:
+        return True
+    if path.name.lower().endswith((".gz", ".bz2", ".xz", ".zst")):
+        return False
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(_ARTIFACT_HEAD).decode("utf-8", "replace")
+    except OSError:
+        return False
+    lines = [ln for ln in head.splitlines()[:60] if ln.strip()][:40]
+    shaped = sum(1 for ln in lines if is_doctor_output(ln))
+    return shaped >= 2 and shaped * 3 >= len(lines)
 
 
 def open_source(source: Source, max_bytes: int | None = None) -> BinaryIO:

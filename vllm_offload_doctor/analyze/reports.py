@@ -101,6 +101,11 @@ _FACTS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+def is_doctor_output(line: str) -> bool:
+    """Whether a line has the shape of offload-doctor's own check/compare/analyze output."""
+    return any(kind.startswith("offload-doctor") and rx.search(line) for kind, rx in _SHAPES)
+
+
 @dataclass(slots=True)
 class Reports:
     """Pasted-report lines seen while a log streams past, and what they tell."""

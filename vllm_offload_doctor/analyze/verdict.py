@@ -27,6 +27,7 @@ from vllm_offload_doctor.analyze.raises import MIN_LITERAL, RaiseMap
 from vllm_offload_doctor.analyze.rules import Rule, render_message
 
 _METHOD = re.compile(r"while processing method (\w+)")
+_REPR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)(?:\(['\"]|: \S)")  # an exception quoted in a line
 MAX_EXCEPTIONS = 16
 
 
@@ -44,8 +45,22 @@ class Clues:
     exceptions: dict[str, Evidence] = field(default_factory=dict)
     # Library messages of the stack catalogue that lend a category (stack.py), first few seen.
     stack: list[tuple[Evidence, Any]] = field(default_factory=list)
+    raised: int = 0  # exception lines that are not wrappers, whatever their length
+    interrupt: Evidence | None = None  # KeyboardInterrupt / SIGINT: the user stopped it
+
+    # pydantic's 'Value error, <inner>' lines: (line, inner message, ids of other rules it matched)
+    wrapped: list[tuple[int, str, tuple[str, ...]]] = field(default_factory=list)
+
+    def note_wrapped(self, line: Line, msg: str, rules: Sequence[Rule]) -> None:
+        if len(self.wrapped) < MAX_EXCEPTIONS:
+            inner = msg.split("Value error, ", 1)[1].split(" [type=", 1)[0].strip()
+            others = tuple(
+                r.id for r in rules if r.id != PYDANTIC_RULE and r.category is not Category.CRASH_OTHER
+            )
+            self.wrapped.append((line.no, inner, others))
 
     def note_exception(self, line: Line, text: str) -> None:
+        self.raised += 1
         if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
             self.exceptions.setdefault(text, Evidence(line.no, line.text[:600]))
 
@@ -80,10 +95,64 @@ class Clues:
             if len(self.deaths) < 3:
                 self.deaths.append(Evidence(line.no, line.text[:400]))
             return True
-        if any(k in msg for k in know.wrapper_keywords) and know.wrappers.search(msg):
+        wrapped = know.wrappers.search(msg) if any(k in msg for k in know.wrapper_keywords) else None
+        if wrapped:
             self.wrappers.append(Evidence(line.no, line.text[:400]))
+            if _REPR.search(msg[wrapped.end() :]):
+                self.raised += 1  # 'failed to start: ImportError(...)': the wrapper quotes its cause
             return True
         return False
+
+
+PYDANTIC_RULE = "ARG001"  # reads pydantic's wrapper ('N validation error for X', 'Value error, ...')
+# Inner messages that say nothing about the arguments: Python's json decoder (an empty or broken
+# file as much as a bad JSON flag), and messages that point elsewhere for their cause.
+_NOT_ARGS = re.compile(
+    r"^(?:Expecting (?:value|property name enclosed in double quotes|'[,:]' delimiter)|Extra data|"
+    r"Unterminated string starting at|Invalid control character at|Invalid \\escape)"
+    r": line \d+ column \d+|Please check the logs for more details|See (?:root cause|stack trace) above"
+)
+
+
+def judge_wrapped(findings: list[Finding], clues: Clues) -> tuple[list[Finding], Verdict | None]:
+    """pydantic wraps whatever a validator raised: judge it by the inner message. Another rule that
+    reads that message decides; a message that is not about the arguments is no bad_args."""
+    if not findings or findings[0].rule_id != PYDANTIC_RULE or not clues.wrapped:
+        return findings, None
+    top = findings[0]
+    lines = {no for no, _, _ in clues.wrapped}
+    pydantic_only = all(
+        e.line in lines or "validation error" in e.text for e in top.evidence
+    )
+    if not pydantic_only:
+        return findings, None  # argparse or vLLM's own check: not a wrapped message
+    others = {rid for _, _, rids in clues.wrapped for rid in rids}
+    rest = [f for f in findings if f.rule_id != PYDANTIC_RULE]
+    if others:
+        return [f for f in rest if f.rule_id in others] + [
+            f for f in rest if f.rule_id not in others
+        ], None
+    foreign = [inner for _, inner, _ in clues.wrapped if _NOT_ARGS.search(inner)]
+    if len(foreign) < len(clues.wrapped):
+        return findings, None
+    kept = [
+        f for f in rest
+        if not (f.category is Category.CRASH_OTHER and all("validation error" in e.text or e.line in lines for e in f.evidence))
+    ]
+    if kept:
+        return kept, None
+    return kept, Verdict(
+        Category.UNKNOWN,
+        None,
+        "A validation error wraps a failure from elsewhere",
+        "vLLM's config validation (pydantic) reports a message that is not about the arguments: "
+        f"'{foreign[0][:200]}'; the log does not show what caused it (an empty or broken file "
+        "such as config.json, or an error logged elsewhere)",
+        Severity.ERROR,
+        "Look above this error for the first exception (or rerun with VLLM_LOGGING_LEVEL=DEBUG), "
+        "check that the model's config.json and any JSON flag are complete, and attach the whole "
+        "log with `offload-doctor check` output.",
+    )
 
 
 def rule_finding(
@@ -167,10 +236,94 @@ def raise_finding(
     return None
 
 
-def death_verdict(clues: Clues, facts: Facts) -> Verdict | None:
-    """The engine process died without an exception of its own."""
-    if not clues.deaths:
+# Pinned offload from this many GiB up makes the OOM killer the likely end of an engine that
+# died without an exception (pinned memory takes up to 2 x the offload per GPU).
+LARGE_OFFLOAD_GIB = 8.0
+
+
+def silent_death(clues: Clues, *, up: bool = False) -> bool:
+    """The engine is gone: a death line, or before readiness a wrapper with no real exception
+    anywhere (after readiness a bare wrapper is the 'came up, then failed' fallback's)."""
+    if clues.interrupt is not None and clues.interrupt.line <= min(
+        (e.line for e in (*clues.deaths, *clues.wrappers)), default=clues.interrupt.line
+    ):
+        return False  # what dies after Ctrl+C was stopped, not killed
+    return bool(clues.deaths) or (not up and bool(clues.wrappers) and clues.raised == 0)
+
+
+def host_oom_verdict(clues: Clues, facts: Facts, *, up: bool = False) -> Verdict | None:
+    """An engine that died silently under a large pinned offload: the kernel's OOM killer."""
+    offload = facts.cpu_offload_gb or 0
+    if not silent_death(clues, up=up) or offload < LARGE_OFFLOAD_GIB or clues.interrupt is not None:
         return None
+    gpus = max(1, facts.tensor_parallel_size or 1)
+    pinned = offload * gpus
+    summary = (
+        "the engine process died without raising an exception ("
+        + ("a death line" if clues.deaths else "only a wrapper such as 'Engine core initialization "
+           "failed', no exception of its own")
+        + f") while --cpu-offload-gb {offload:g} was pinning host memory: the kernel's OOM killer is "
+        f"the usual cause; pinned memory took about {offload:g} GiB per GPU"
+        + (f" ({pinned:g} GiB over {gpus} GPUs)" if gpus > 1 else "")
+        + f", and up to 2 x --cpu-offload-gb per GPU (about {2 * offload:g} GiB each) while loading"
+    )
+    return Verdict(
+        Category.OOM_HOST,
+        "OOM005",
+        "The engine was killed, most likely by the kernel's OOM killer (pinned offload memory)",
+        summary,
+        Severity.ERROR,
+        "Confirm with `dmesg -T | grep -i -E 'killed process|oom'` or `journalctl -k`; then lower "
+        "--cpu-offload-gb, add host RAM or raise the container's memory limit, and run "
+        "`offload-doctor check --offload-gb X` for the pinned-memory budget.",
+    )
+
+
+def interrupt_verdict(clues: Clues, phase: str, seconds: float | None) -> Verdict | None:
+    """A start-up the user stopped (Ctrl+C / SIGINT): no failure, and not 'no known cause'."""
+    if clues.interrupt is None:
+        return None
+    where = {
+        "start": "during start-up",
+        "loading": "while loading the weights",
+        "loaded": "after the weights loaded",
+        "profiling": "while profiling memory",
+        "kv_cache": "while sizing the KV cache",
+        "graphs": "while capturing CUDA graphs",
+    }.get(phase, "during start-up")
+    after = f" after {seconds:.0f} s" if seconds is not None and seconds >= 0 else ""
+    return Verdict(
+        Category.UNKNOWN,
+        None,
+        "Stopped by the user",
+        f"stopped by Ctrl+C / SIGINT {where}{after} (line {clues.interrupt.line}): no failure of "
+        "vLLM's own, and nothing in the log says why it was stopped (slow start-up?)",
+        Severity.INFO,
+        "Let it run to 'Application startup complete'; if start-up seemed stuck, attach the whole "
+        "log and `offload-doctor check` output.",
+    )
+
+
+def death_verdict(clues: Clues, facts: Facts, *, up: bool = False) -> Verdict | None:
+    """The engine process died without an exception of its own."""
+    host = host_oom_verdict(clues, facts, up=up)
+    if host is not None:
+        return host
+    if not silent_death(clues, up=up):
+        return None
+    if not clues.deaths:
+        return Verdict(
+            Category.UNKNOWN,
+            None,
+            "The engine was killed without an exception",
+            "the engine was killed: the log shows only a wrapper ('Engine core initialization "
+            "failed', 'Failed core proc(s)') and no exception of its own, so the process was ended "
+            "from outside (a signal, the kernel's OOM killer, the container runtime); the log "
+            "cannot show which",
+            Severity.ERROR,
+            "Confirm an OOM kill with `dmesg -T | grep -i -E 'killed process|oom'` or "
+            "`journalctl -k`; check the container's memory limit and exit code (137 = SIGKILL).",
+        )
     summary = (
         "the engine process died without raising an exception (killed by a signal, 'Killed', "
         "'died unexpectedly', exit -9 or a Ray actor gone); the log cannot show why"
