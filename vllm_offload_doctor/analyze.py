@@ -34,6 +34,7 @@ from vllm_offload_doctor.patterns import (
     prefilter_words,
     span_finder,
 )
+from vllm_offload_doctor.redact import scrub_cut
 from vllm_offload_doctor.rules import MATCH_TIMEOUT_S, Rule, load_rules
 
 _EXCEPTION = declare(
@@ -214,7 +215,7 @@ class _State:
         if is_exception or (
             line.level in ("ERROR", "CRITICAL") and not msg.startswith(("File ", "^", "~"))
         ):
-            ev = Evidence(line.no, line.text[:400])
+            ev = Evidence(line.no, scrub_cut(line.text, 400))
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -236,7 +237,7 @@ class _State:
             self.matched.append(rule.id)
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
-                hit.evidence.append(Evidence(line.no, line.text[:600]))
+                hit.evidence.append(Evidence(line.no, scrub_cut(line.text, 600)))
         self.recent.append((line.no, msg))
 
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
@@ -313,9 +314,9 @@ class _State:
         if plan.frame is not None:
             self.collector.add_frame(no, *plan.frame)
             if plan.frame_entry is not None:
-                self.clues.frame = (Evidence(no, text[:400]), plan.frame_entry)
+                self.clues.frame = (Evidence(no, scrub_cut(text, 400)), plan.frame_entry)
         if plan.notable:
-            ev = Evidence(no, text[:400])
+            ev = Evidence(no, scrub_cut(text, 400))
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -324,7 +325,7 @@ class _State:
             hit = self.hits[rule_id]
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
-                hit.evidence.append(Evidence(no, text[:600]))
+                hit.evidence.append(Evidence(no, scrub_cut(text, 600)))
         self.recent.append((no, plan.msg))
 
     # -- verdict ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from vllm_offload_doctor.knowledge import FRAME_PRECEDENCE, RAISE_PRECEDENCE, Fr
 from vllm_offload_doctor.model import Category, Evidence, Facts, Finding, Severity, Verdict
 from vllm_offload_doctor.normalize import Line
 from vllm_offload_doctor.raises import MIN_LITERAL, RaiseMap
+from vllm_offload_doctor.redact import scrub_cut
 from vllm_offload_doctor.rules import Rule, render_message
 
 _METHOD = re.compile(r"while processing method (\w+)")
@@ -40,7 +41,7 @@ class Clues:
 
     def note_exception(self, line: Line, text: str) -> None:
         if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
-            self.exceptions.setdefault(text, Evidence(line.no, line.text[:600]))
+            self.exceptions.setdefault(text, Evidence(line.no, scrub_cut(line.text, 600)))
 
     def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
         """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
@@ -49,14 +50,14 @@ class Clues:
             _, fn, path = frames[-1]
             entry = know.frame_entry(fn, path)
             if entry is not None:
-                self.frame = (Evidence(line.no, line.text[:400]), entry)
+                self.frame = (Evidence(line.no, scrub_cut(line.text, 400)), entry)
             return False
         if "(" in msg:
             m = know.call_pattern.match(msg)
             if m:
                 entry = know.call_entry(m.group("fn"))
                 if entry is not None:
-                    self.frame = (Evidence(line.no, line.text[:400]), entry)
+                    self.frame = (Evidence(line.no, scrub_cut(line.text, 400)), entry)
                     return False
         if "while processing method" in msg:
             m = _METHOD.search(msg)
@@ -65,10 +66,10 @@ class Clues:
         if any(k in msg for k in know.death_keywords) and know.deaths.search(msg):
             # A death (killed, exit -9, Ray's ActorDiedError) says the process is gone, not why.
             if len(self.deaths) < 3:
-                self.deaths.append(Evidence(line.no, line.text[:400]))
+                self.deaths.append(Evidence(line.no, scrub_cut(line.text, 400)))
             return True
         if any(k in msg for k in know.wrapper_keywords) and know.wrappers.search(msg):
-            self.wrappers.append(Evidence(line.no, line.text[:400]))
+            self.wrappers.append(Evidence(line.no, scrub_cut(line.text, 400)))
             return True
         return False
 
