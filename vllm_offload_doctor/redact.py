@@ -45,7 +45,7 @@ MASK = "***"
 
 # Names a key or variable ends with when it holds a credential (`tokens`, `tokenizer` do not).
 _SECRET_WORDS = (
-    r"token|secret|secret[_-]?key|passw(?:or)?d|passphrase|credentials?|auth|authorization"
+    r"token|secret|secret[_-]?key|passw(?:or)?d|passphrase|pass|[_-]pwd|credentials?|auth|authorization"
     r"|(?:api|access|private|signing|client|master|encryption|account|storage)[_-]?key"
     r"|apikey|cookie|signature"
 )
@@ -63,6 +63,8 @@ _TOKENS = (
     r"|\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"
     r"|\bglpat-[A-Za-z0-9_-]{16,}"
     r"|\bAIza[0-9A-Za-z_-]{35}"
+    r"|\bhooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]{8,}"
+    r"|\bdiscord(?:app)?\.com/api/webhooks/[0-9]{5,}/[A-Za-z0-9_-]{8,}"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
 )
 _TOKEN = re2.compile(_TOKENS)
@@ -72,6 +74,8 @@ _VALUE = r"[^\s'\",;})\]\\]+"
 # keep a failing alternative alive for long (the `[...]` list) are bounded, so that `sub`
 # never re-scans far past a match: total cost stays linear in the line.
 _URL = re2.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{1,20}://)([^\s/@:'\"]{0,256}):([^\s/@'\"]{1,256})@")
+_CURL_USER = re2.compile(r"((?:^|\s)(?:-u|--user)(?:=|\s{1,3})[\"']?[^\s:'\"]{1,256}:)([^\s'\"]{1,256})")
+_URL_ENC = re2.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s/@:'\"%]{0,256}%3[Aa])([^\s/@'\"]{1,256})@")
 _AUTH = re2.compile(
     r"((?i:\b(?:proxy-)?authorization)[\"']?\s{0,5}[:=]\s{0,5}[\"']?"
     r"(?i:(?:bearer|basic|token|digest|negotiate|apikey)\s{1,5})?)"
@@ -172,6 +176,8 @@ def _blob(m: Any) -> str:
 
 _PASSES: tuple[tuple[Any, Any], ...] = (
     (_URL, _url),
+    (_URL_ENC, lambda m: f"{m.group(1)}{MASK}@"),
+    (_CURL_USER, _prefixed),
     (_AUTH, _prefixed),
     (_BEARER, _bearer),
     (_OPT, _prefixed),
@@ -405,6 +411,11 @@ def redact(text: str, *, hosts: bool = False, home: bool = False) -> str:
         for name in _host_names():
             text = text.replace(name, "<host>")
     return text
+
+
+def scrub_cut(text: str, limit: int) -> str:
+    """Mask, then cut to `limit`: a secret cut first loses the shape the masker needs."""
+    return scrub_text(text[: limit * 4])[:limit]
 
 
 def redact_argv(argv: list[str]) -> list[str]:

@@ -35,6 +35,7 @@ from vllm_offload_doctor.analyze.patterns import (
 )
 from vllm_offload_doctor.analyze.rules import MATCH_TIMEOUT_S, Rule, load_rules
 from vllm_offload_doctor.errors import InputError
+from vllm_offload_doctor.redact import scrub_cut
 
 _EXCEPTION = declare(
     r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
@@ -227,7 +228,7 @@ class _State:
                 self.first_stamp = secs
             self.last_stamp = secs
         if self.clues.interrupt is None and (_INTERRUPT.search(msg) or line.text.startswith("^C")):
-            self.clues.interrupt = Evidence(line.no, line.text[:400])
+            self.clues.interrupt = Evidence(line.no, scrub_cut(line.text, 400))
             if self.first_stamp is not None and self.last_stamp is not None:
                 self.interrupt_after = (self.last_stamp - self.first_stamp) % 86400
         if (
@@ -242,7 +243,7 @@ class _State:
             and (wrapper or line.level in ("ERROR", "CRITICAL") or _CUT_ALARM.match(msg))
             and not _request_level(line)
         ):
-            self.alarm_after_up = Evidence(line.no, line.text[:400])
+            self.alarm_after_up = Evidence(line.no, scrub_cut(line.text, 400))
         exc = _EXCEPTION.match(msg)
         is_exception = bool(exc) or bool(_FATAL_HINT.search(msg))
         if exc is not None and not wrapper:
@@ -252,7 +253,7 @@ class _State:
         if is_exception or (
             line.level in ("ERROR", "CRITICAL") and not msg.startswith(("File ", "^", "~"))
         ):
-            ev = Evidence(line.no, line.text[:400])
+            ev = Evidence(line.no, scrub_cut(line.text, 400))
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -277,7 +278,7 @@ class _State:
             self.matched.append(rule.id)
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
-                hit.evidence.append(Evidence(line.no, line.text[:600]))
+                hit.evidence.append(Evidence(line.no, scrub_cut(line.text, 600)))
         self.recent.append((line.no, msg))
 
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
@@ -354,9 +355,9 @@ class _State:
         if plan.frame is not None:
             self.collector.add_frame(no, *plan.frame)
             if plan.frame_entry is not None:
-                self.clues.frame = (Evidence(no, text[:400]), plan.frame_entry)
+                self.clues.frame = (Evidence(no, scrub_cut(text, 400)), plan.frame_entry)
         if plan.notable:
-            ev = Evidence(no, text[:400])
+            ev = Evidence(no, scrub_cut(text, 400))
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -365,7 +366,7 @@ class _State:
             hit = self.hits[rule_id]
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
-                hit.evidence.append(Evidence(no, text[:600]))
+                hit.evidence.append(Evidence(no, scrub_cut(text, 600)))
         self.recent.append((no, plan.msg))
 
     # -- verdict ----------------------------------------------------------------------------

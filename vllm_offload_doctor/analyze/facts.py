@@ -24,6 +24,7 @@ from vllm_offload_doctor.analyze.patterns import (
     literal_matcher,
     span_finder,
 )
+from vllm_offload_doctor.redact import scrub_cut
 
 _FIRST = len(declared())  # the patterns declared below are this module's facts
 
@@ -409,7 +410,7 @@ class FactCollector:
         m = _ARGS.match(msg)
         if m:
             self._apply_args(_parse_dict(m.group("d")))
-            self.args_evidence = (line.no, line.text[:600])
+            self.args_evidence = (line.no, scrub_cut(line.text, 600))
             return
         m = _NAMESPACE.match(msg)
         if m:
@@ -501,12 +502,12 @@ class FactCollector:
         m = _KV_MEM.match(msg) or _KV_OLD.search(msg)
         if m:
             f.kv_cache_gib = _num(m.group("g"))
-            self.number_lines.setdefault("kv_cache_gib", (line.no, line.text[:600]))
+            self.number_lines.setdefault("kv_cache_gib", (line.no, scrub_cut(line.text, 600)))
             return
         m = _GPU_BLOCKS.search(msg)
         if m:
             f.gpu_blocks = int(m.group("n"))
-            self.number_lines.setdefault("gpu_blocks", (line.no, line.text[:600]))
+            self.number_lines.setdefault("gpu_blocks", (line.no, scrub_cut(line.text, 600)))
             return
         m = _KV_TOK.search(msg)
         if m:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import re2
 import regex
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -48,6 +49,9 @@ _OPTIONAL = (
 _WHEN_KEYS = ("all", "any", "absent")
 _CASE_KEYS = ("log", "expect", "note")
 _WHERE = ("message", "line")
+# A format spec with a width or precision of 4+ digits (rule messages never need one).
+_WIDE = regex.compile(r"\{[^{}:]*:[^{}]*?\d{4}")
+_SPEC = regex.compile(r"\{([^{}:!]*)[:!][^{}]*\}")
 _ID = regex.compile(r"^[A-Z]{2,5}\d{3}$")
 
 # Facts a condition may name: Facts fields plus the derived ones the engine adds.
@@ -239,6 +243,8 @@ def load_rule(path: Path) -> Rule:
         data = tomllib.loads(_read_rule_file(path).decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RuleFileError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise RuleFileError(f"{path}: not valid TOML: nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise RuleFileError(f"{path}: not UTF-8 text: {exc}") from exc
     return _build(path, data)
@@ -311,6 +317,9 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
     patterns = _strings(path, data, "patterns")
     compiled = []
     for i, pattern in enumerate(patterns):
+        costly = _too_costly(pattern)
+        if costly:
+            raise _fail(path, f"patterns[{i}]", f"bad regex: {costly}")
         try:
             compiled.append(Bounded(pattern))  # linear (RE2) where it can be
         except regex.error as exc:
@@ -388,9 +397,32 @@ def _source_refs(path: Path, value: Any) -> tuple[SourceRef, ...]:
     return tuple(refs)
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+# RE2 refuses these in microseconds; `regex.compile` would build them for minutes and gigabytes.
+_TOO_BIG = ("repetition", "too large", "too big", "nesting depth", "out of memory")
+
+
+def _too_costly(pattern: str) -> str | None:
+    """Why a user pattern is refused before any backtracking engine compiles it, or None."""
+    if len(pattern) > 4096:
+        return "longer than 4096 characters"
+    try:
+        re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        why = str(exc.args[0] if exc.args else exc)
+        why = why[2:-1] if why.startswith(("b'", 'b"')) else why
+        if any(w in why for w in _TOO_BIG):
+            return f"too costly to compile ({why})"
+    return None  # RE2 lacks look-arounds and back-references: those are left to `regex`
+
+
 def _compile(path: Path, key: str, patterns: list[str]) -> list[Any]:
     compiled = []
     for i, pattern in enumerate(patterns):
+        costly = _too_costly(pattern)
+        if costly:
+            raise _fail(path, f"{key}[{i}]", f"bad regex: {costly}")
         try:
             compiled.append(regex.compile(pattern))
         except regex.error as exc:
@@ -479,6 +511,8 @@ def render_message(template: str, groups: Mapping[str, Any], facts: Mapping[str,
 
     text = _SEGMENT.sub(lambda m: m.group(1) if known(m.group(1)) else "", template)
     text = _FIELD.sub(lambda m: m.group(0) if m.group(1) in values else "", text)
+    if _WIDE.search(text):
+        text = _SPEC.sub(r"{\1}", text)  # `{phase:>100000000}` would print 100 MB: drop the spec
     try:
         return string.Formatter().vformat(text, (), values)
     except (KeyError, IndexError, ValueError, AttributeError):

@@ -25,6 +25,7 @@ from vllm_offload_doctor.analyze.model import Category, Evidence, Facts, Finding
 from vllm_offload_doctor.analyze.normalize import Line
 from vllm_offload_doctor.analyze.raises import MIN_LITERAL, RaiseMap
 from vllm_offload_doctor.analyze.rules import Rule, render_message
+from vllm_offload_doctor.redact import scrub_cut
 
 _METHOD = re.compile(r"while processing method (\w+)")
 _REPR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)(?:\(['\"]|: \S)")  # an exception quoted in a line
@@ -62,7 +63,7 @@ class Clues:
     def note_exception(self, line: Line, text: str) -> None:
         self.raised += 1
         if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
-            self.exceptions.setdefault(text, Evidence(line.no, line.text[:600]))
+            self.exceptions.setdefault(text, Evidence(line.no, scrub_cut(line.text, 600)))
 
     def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
         """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
@@ -72,19 +73,19 @@ class Clues:
 
             lent = builtin_stack().find(msg)
             if lent is not None:
-                self.stack.append((Evidence(line.no, line.text[:400]), lent))
+                self.stack.append((Evidence(line.no, scrub_cut(line.text, 400)), lent))
         if frames and frames[-1][0] == line.no:
             _, fn, path = frames[-1]
             entry = know.frame_entry(fn, path)
             if entry is not None:
-                self.frame = (Evidence(line.no, line.text[:400]), entry)
+                self.frame = (Evidence(line.no, scrub_cut(line.text, 400)), entry)
             return False
         if "(" in msg:
             m = know.call_pattern.match(msg)
             if m:
                 entry = know.call_entry(m.group("fn"))
                 if entry is not None:
-                    self.frame = (Evidence(line.no, line.text[:400]), entry)
+                    self.frame = (Evidence(line.no, scrub_cut(line.text, 400)), entry)
                     return False
         if "while processing method" in msg:
             m = _METHOD.search(msg)
@@ -93,11 +94,11 @@ class Clues:
         if any(k in msg for k in know.death_keywords) and know.deaths.search(msg):
             # A death (killed, exit -9, Ray's ActorDiedError) says the process is gone, not why.
             if len(self.deaths) < 3:
-                self.deaths.append(Evidence(line.no, line.text[:400]))
+                self.deaths.append(Evidence(line.no, scrub_cut(line.text, 400)))
             return True
         wrapped = know.wrappers.search(msg) if any(k in msg for k in know.wrapper_keywords) else None
         if wrapped:
-            self.wrappers.append(Evidence(line.no, line.text[:400]))
+            self.wrappers.append(Evidence(line.no, scrub_cut(line.text, 400)))
             if _REPR.search(msg[wrapped.end() :]):
                 self.raised += 1  # 'failed to start: ImportError(...)': the wrapper quotes its cause
             return True

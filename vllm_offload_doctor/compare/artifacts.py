@@ -9,6 +9,7 @@ Everything written here passes through redact.py (`scrub_argv`, `scrub_env`, `sc
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -146,8 +147,13 @@ def _lock(out: Path) -> IO[str]:
     for _ in range(10):
         try:
             out.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a planted link named like the lock would make us overwrite its target.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise WriteError(
+                    f"cannot use --out {out}: {LOCK_NAME} is a symbolic link; remove it"
+                ) from None
             raise WriteError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
         lock: IO[str] = os.fdopen(fd, "r+")
         try:
