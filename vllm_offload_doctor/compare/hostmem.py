@@ -181,8 +181,12 @@ ENGINE_GONE = ("Failed core proc(s): {}", "Engine core initialization failed")
 
 
 def engine_gone_silently(log_text: str, category: str | None) -> bool:
-    """The engine died with no exception: only the wrapper, no root cause the log names."""
-    return category in (None, "unknown", "healthy", "crash_other") and any(
+    """The engine died with no exception: only the wrapper, no root cause the log names.
+
+    analyze calls such a death under a large offload `oom_host` from the log alone; the host
+    figures measured here confirm or contradict that guess, so it is looked at again.
+    """
+    return category in (None, "unknown", "healthy", "crash_other", "oom_host") and any(
         w in log_text for w in ENGINE_GONE
     )
 

@@ -443,6 +443,13 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
         return mode
     if not engine_gone_silently(text, a.category):
         return mode
+    if not host.exhausted and a.category == "oom_host":
+        # analyze guessed the OOM killer from the offload size alone; the measurement says no.
+        analysis = replace(
+            a, category="unknown", rule_id=None, title="The engine died with no exception",
+            summary=host_spared(host),
+        )
+        return replace(mode, analysis=analysis)
     if not host.exhausted:  # say what host memory did, so the reader need not guess
         return replace(mode, analysis=replace(a, summary=a.summary + " " + host_spared(host)))
     from vllm_offload_doctor.analyze.model import Category
