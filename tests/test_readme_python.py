@@ -6,6 +6,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import click
+
 from vllm_offload_doctor.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,5 +25,7 @@ def test_readme_recipe_for_a_python_310_vllm_uses_real_options() -> None:
     assert "uv tool install --python 3.12 ." in README
     assert "offload-doctor check --python /path/to/vllm-venv/bin/python" in README
     assert "`compare` starts `vllm serve` as a process: `--vllm-cmd" in README
-    names = {c: {o for p in cli.commands[c].params for o in p.opts} for c in ("check", "compare")}
+    ctx = click.Context(cli)
+    commands = {c: cli.get_command(ctx, c) for c in ("check", "compare")}
+    names = {c: {o for p in cmd.params for o in p.opts} for c, cmd in commands.items() if cmd}
     assert "--python" in names["check"] and "--vllm-cmd" in names["compare"]

@@ -238,7 +238,7 @@ def test_cli_rules_lists_user_rules(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_cli_rules_explains_one(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _cli(capsys, "rules", "OFF001")
+    code, out, _ = _cli(capsys, "rules", "OFF001", "-v")
     assert code == 0
     assert out.startswith("OFF001 (offload-ignored-model-runner-v2): ")
     assert "offload_ignored" in out

@@ -37,6 +37,8 @@ from vllm_offload_doctor.analyze.rules import MATCH_TIMEOUT_S, Rule, load_rules
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.redact import scrub_cut
 
+_LEVEL_PREFIX = re.compile(rb"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d")
+
 _EXCEPTION = declare(
     r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
     *("Error", "Exception", "Interrupt", "Exit"),
@@ -124,6 +126,9 @@ class Engine:
                     first = False
                     if logread.looks_binary(block[:8192]):
                         raise InputError(f"{name}: binary file, not a log")
+                    # vLLM's level prefix on a line the prefilter skips still makes it vLLM's log.
+                    if _LEVEL_PREFIX.search(block, 0, 1 << 16):
+                        state.saw_level = True
                 self._scan_block(block, line_base, state)
                 line_base += block.count(b"\n")
         except logread.InputStopped as exc:
@@ -326,8 +331,11 @@ class _State:
         exceptions = len(clues.exceptions)
         notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
         report_lines, report_state = self.reports.lines, self._reports_state(line.no)
+        events = (clues.raised, clues.interrupt, len(clues.wrapped), self.alarm_after_up)
         self.matched.clear()
         self.feed(line)
+        if events != (clues.raised, clues.interrupt, len(clues.wrapped), self.alarm_after_up):
+            return None  # an exception, an interrupt, a wrapped message, a fatal line after ready
         framed = bool(frames) and frames[-1] is not last_frame
         if line.text != raw.rstrip() or (not framed and self.collector.touches(line.text)):
             return None  # a fact line, or one a collector prefix or ANSI codes change
