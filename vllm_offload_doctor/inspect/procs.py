@@ -40,7 +40,15 @@ class ProcSource(Protocol):
     def environ(self, pid: int) -> Mapping[str, str]: ...  # raises Unreadable
     def status(self, pid: int) -> Mapping[str, int]: ...  # kB fields of /proc/PID/status
     def exe(self, pid: int) -> str | None: ...
-    def vllm_version(self, exe: str, pythonpath: str | None) -> str | None: ...
+    def vllm_version(self, exe: str, pythonpath: str | None) -> str | None:
+        """Package metadata of the server's interpreter, with the server's PYTHONPATH."""
+        from vllm_offload_doctor.machine.probes import read_interpreter
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        return read_interpreter(exe, "the server's interpreter", env).vllm_version
+
     def gpus(self) -> list[Gpu]: ...
     def host_available(self) -> int | None: ...
 

@@ -233,13 +233,19 @@ def shebang_interpreter(script: Path) -> str | None:
     return parts[0]
 
 
-def read_interpreter(executable: str, source: str) -> InterpreterInfo:
-    """Ask another interpreter for its version and the vllm/torch package metadata."""
+def read_interpreter(
+    executable: str, source: str, env: dict[str, str] | None = None
+) -> InterpreterInfo:
+    """Ask another interpreter for its version and the vllm/torch package metadata.
+
+    `env`: the environment to run it in (a live server's PYTHONPATH), else ours.
+    """
     try:
         proc = subprocess.run(
             [executable, "-c", _METADATA_SCRIPT],
             capture_output=True,
             text=True,
+            env=env,
             timeout=INTERPRETER_TIMEOUT_S,
             check=False,
         )
