@@ -40,15 +40,7 @@ class ProcSource(Protocol):
     def environ(self, pid: int) -> Mapping[str, str]: ...  # raises Unreadable
     def status(self, pid: int) -> Mapping[str, int]: ...  # kB fields of /proc/PID/status
     def exe(self, pid: int) -> str | None: ...
-    def vllm_version(self, exe: str, pythonpath: str | None) -> str | None:
-        """Package metadata of the server's interpreter, with the server's PYTHONPATH."""
-        from vllm_offload_doctor.machine.probes import read_interpreter
-
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        if pythonpath:
-            env["PYTHONPATH"] = pythonpath
-        return read_interpreter(exe, "the server's interpreter", env).vllm_version
-
+    def vllm_version(self, exe: str, pythonpath: str | None) -> str | None: ...
     def gpus(self) -> list[Gpu]: ...
     def host_available(self) -> int | None: ...
 
@@ -114,27 +106,12 @@ class RealSource:
 
     def vllm_version(self, exe: str, pythonpath: str | None) -> str | None:
         """Package metadata of the server's interpreter, with the server's PYTHONPATH."""
-        import json
-        import subprocess
-
-        from vllm_offload_doctor.machine.probes import _METADATA_SCRIPT, INTERPRETER_TIMEOUT_S
+        from vllm_offload_doctor.machine.probes import read_interpreter
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
-        try:
-            proc = subprocess.run(
-                [exe, "-c", _METADATA_SCRIPT],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=INTERPRETER_TIMEOUT_S,
-                check=False,
-            )
-            version = json.loads(proc.stdout.strip().splitlines()[-1]).get("vllm")
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, AttributeError):
-            return None
-        return str(version) if version else None
+        return read_interpreter(exe, "the server's interpreter", env).vllm_version
 
     def gpus(self) -> list[Gpu]:
         from vllm_offload_doctor.machine.probes import read_nvml
