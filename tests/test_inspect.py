@@ -117,9 +117,19 @@ def test_h200_effective_under_v1():
     assert rank.gpu_gib == pytest.approx(129.17, abs=0.01)
     assert ins.host_held_gib == pytest.approx(0.58, abs=0.01)
     assert ins.host_available_gib == 100
-    # 0.58 GiB over PCIe gen5 x16 at 85 %: ~9.3 ms per forward pass.
-    assert ins.per_token_ms == pytest.approx(0.58 * 2**30 / (63.0 * 0.85e9) * 1e3, rel=0.02)
+    # The 0.5 GiB of weights (not the 0.58 GiB pinned) over PCIe gen5 x16 at 85 %: ~10 ms per forward pass.
+    assert ins.per_token_ms == pytest.approx(0.5 * 2**30 / (63.0 * 0.85e9) * 1e3, rel=0.02)
     assert ins.server.runner_env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def test_cost_counts_the_offloaded_weights_not_the_pinned_rounding():
+    # The section-6 model under V1 with 30 GiB on the H200: EngineCore held 36,983,044 kB of shared memory.
+    gpu = Gpu(0, 5, 16, {101: 129_400 * 2**20})
+    big = {"RssShmem": 36_983_044, "VmRSS": 38_000_000}
+    ins = one(server(big, offload="30", env={"VLLM_USE_V2_MODEL_RUNNER": "0"}, gpus=[gpu]))
+    assert ins.verdict is Verdict.EFFECTIVE
+    assert ins.host_held_gib == pytest.approx(35.21, abs=0.02)
+    assert ins.per_token_ms == pytest.approx(30 * 2**30 / (63.0 * 0.85e9) * 1e3, rel=0.02)
 
 
 def test_h200_ignored_under_default_v2():

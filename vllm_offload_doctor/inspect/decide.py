@@ -125,7 +125,9 @@ def decide(
         link_text = None
         if bw:
             rate = bw * PRACTICAL_FRACTION
-            cost = round(step_cost_ms(max(r.held_gib or 0.0 for r in ranks), rate), 2)
+            # The weights cross the link, not the pinned allocator's rounding that shared memory also counts.
+            moved = min(requested, max(r.held_gib or 0.0 for r in ranks))
+            cost = round(step_cost_ms(moved, rate), 2)
             link_text = f"PCIe gen{link[0]} x{link[1]}, ~{rate:.1f} GB/s in practice"
         return Inspection(
             facts,
