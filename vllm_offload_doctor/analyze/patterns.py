@@ -10,6 +10,7 @@ backtracks costs a bounded time per line; bench/bench_hostile.py measures the wo
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -119,7 +120,13 @@ def literal_matcher(words: Sequence[tuple[str, bool]]) -> Any:
 
     RE2 scans an alternation of ~150 literals with a DFA at a few hundred MB/s; Python's `re`
     tries every alternative at every position (a few MB/s), so it is only the fallback.
+    Compiled once per word set: every input of a batch asks for the same ones.
     """
+    return _literal_matcher(tuple(words))
+
+
+@functools.lru_cache(maxsize=64)
+def _literal_matcher(words: tuple[tuple[str, bool], ...]) -> Any:
     pattern = b"|".join(
         b"(?i:" + re.escape(w.encode()) + b")" if icase else re.escape(w.encode())
         for w, icase in words
