@@ -8,6 +8,7 @@ a one-line RuleFileError naming the file and the key.
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import os
 import re
@@ -223,19 +224,31 @@ def builtin_rules_dir() -> Path:
 def load_rules(extra_dirs: Iterable[Path] = ()) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, Path] = {}
-    for directory in (builtin_rules_dir(), *extra_dirs):
-        if not directory.is_dir():
-            raise RuleFileError(f"{directory}: not a directory of rule files")
-        paths = sorted(directory.glob("*.toml"))
-        if len(paths) > MAX_RULE_FILES:
-            raise RuleFileError(f"{directory}: over {MAX_RULE_FILES} rule files")
-        for path in paths:
-            rule = load_rule(path)
+    for directory, loaded in (
+        (builtin_rules_dir(), _builtin_rules()),
+        *((d, None) for d in extra_dirs),
+    ):
+        for path, rule in loaded if loaded is not None else _load_dir(directory):
             if rule.id in seen:
                 raise RuleFileError(f"{path}: id: {rule.id} is already defined in {seen[rule.id]}")
             seen[rule.id] = path
             rules.append(rule)
     return rules
+
+
+@functools.cache
+def _builtin_rules() -> tuple[tuple[Path, Rule], ...]:
+    # Rules are immutable: the built-in ones are compiled once a process, however many engines ask.
+    return tuple(_load_dir(builtin_rules_dir()))
+
+
+def _load_dir(directory: Path) -> list[tuple[Path, Rule]]:
+    if not directory.is_dir():
+        raise RuleFileError(f"{directory}: not a directory of rule files")
+    paths = sorted(directory.glob("*.toml"))
+    if len(paths) > MAX_RULE_FILES:
+        raise RuleFileError(f"{directory}: over {MAX_RULE_FILES} rule files")
+    return [(path, load_rule(path)) for path in paths]
 
 
 def load_rule(path: Path) -> Rule:
