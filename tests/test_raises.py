@@ -205,3 +205,31 @@ def test_after_readiness_a_config_message_lends_nothing() -> None:
         ]
     )
     assert not _lent(served) and served.verdict.category is not Category.BAD_ARGS
+
+
+def test_the_shipped_lending_set_is_what_the_catalogue_and_frame_map_give():
+    from vllm_offload_doctor.analyze import raises
+
+    derived = raises.derive_builtin()
+    shipped = raises._cached(builtin_knowledge())
+    assert shipped is not None, "data/vllm-lending.json is stale: run scripts/build_lending.py"
+    assert shipped.patterns == derived.patterns
+    assert shipped.raised == derived.raised
+    assert len(shipped.raised) > 100
+
+
+def test_a_stale_or_damaged_lending_set_is_derived_again(monkeypatch, tmp_path):
+    from vllm_offload_doctor.analyze import raises
+
+    knowledge = builtin_knowledge()
+    monkeypatch.setattr(raises, "inputs_digest", lambda: "0" * 64)  # the catalogue changed since
+    assert raises._cached(knowledge) is None
+    monkeypatch.undo()
+    damaged = tmp_path / "vllm-lending.json"
+    damaged.write_text(
+        f'{{"format": "{raises.CACHE_FORMAT}", "inputs_sha256": "{raises.inputs_digest()}", "kept": [[1]]}}'
+    )
+    monkeypatch.setattr(raises, "cache_path", lambda: damaged)
+    assert raises._cached(knowledge) is None
+    monkeypatch.setattr(raises, "_BUILTIN", None)
+    assert builtin_raises().patterns == RAISES.patterns  # derived from the catalogue instead
