@@ -16,7 +16,6 @@ from vllm_offload_doctor.common_cli import (
     format_option,
     resolve_color,
 )
-from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.formats import OutputFormat
 
 if TYPE_CHECKING:
@@ -69,6 +68,14 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
     help="Decompress at most SIZE of each compressed log (default 1G, and stop early on a "
     "ratio over 200:1, the mark of a decompression bomb); 0: no limit.",
 )
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Analyse N logs at a time, one process each (default: one per core; 1: in this process). "
+    "Results keep the order of the inputs.",
+)
 def analyze(
     paths: tuple[str, ...],
     fmt: OutputFormat,
@@ -76,6 +83,7 @@ def analyze(
     redact: bool,
     color: bool | None,
     max_bytes: int | None,
+    jobs: int | None,
 ) -> int:
     """Name the root cause in vLLM server logs.
 
@@ -90,7 +98,7 @@ def analyze(
       offload-doctor analyze logs/ --format markdown     # triage a folder, paste the table
       offload-doctor analyze server.log.gz --redact      # hide host and user names too
     """
-    from vllm_offload_doctor.analyze import logread
+    from vllm_offload_doctor.analyze import batch, logread
     from vllm_offload_doctor.analyze.engine import Engine
     from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
     from vllm_offload_doctor.redact import scrub_text
@@ -113,17 +121,18 @@ def analyze(
     for msg in errors:
         click.echo(f"offload-doctor: error: {msg}", err=True)
     several = len(sources) > 1
-    for source in sources:
-        try:
-            analysis = engine.analyze_source(source)
-        except InputError as exc:
-            errors.append(scrub_text(str(exc)))
+    job = batch.Job(tuple(rule_dirs), max_bytes, fmt, renderer, several)
+    for done in batch.analyze_all(engine, job, sources, batch.workers_for(jobs, sources)):
+        if done.analysis is None:
+            errors.append(scrub_text(done.error or "unreadable"))
             click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
             continue
-        analyses.append(analysis)
-        if form.item is not None:
+        analyses.append(done.analysis)
+        if done.record is not None:
+            renderer.remember(done.analysis, done.record)
+        if done.item is not None:
             # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
-            click.echo(form.item(renderer, analysis, several), color=use_color)
+            click.echo(done.item, color=use_color)
     tail = form.end(renderer, analyses, errors, several) if form.end is not None else ""
     if tail:
         click.echo(tail, color=use_color)

@@ -56,11 +56,22 @@ class Renderer:
         self.secrets = redact_secrets
         self.hosts = hosts
         self.home = home
+        # Records a batch worker already scrubbed (analyze/batch.py), by analysis.
+        self._records: dict[int, tuple[Analysis, dict[str, Any]]] = {}
+
+    def remember(self, analysis: Analysis, record: dict[str, Any]) -> None:
+        self._records[id(analysis)] = (analysis, record)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_records"} | {"_records": {}}
 
     def _r(self, text: str) -> str:
         return redact(text, hosts=self.hosts, home=self.home) if self.secrets else text
 
     def record(self, analysis: Analysis) -> dict[str, Any]:
+        done = self._records.get(id(analysis))
+        if done is not None and done[0] is analysis:
+            return done[1]
         data = analysis.to_dict()
         if not self.secrets:
             return data
