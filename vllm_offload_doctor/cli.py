@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
-from vllm_offload_doctor import __version__, exitcodes
+from vllm_offload_doctor import __version__, errors, exitcodes, links
 from vllm_offload_doctor.errors import DoctorError
+from vllm_offload_doctor.formats import OutputFormat, error_document
 
 # Workflow order; each command's module is imported only when that command runs, so
 # `--version` and `check` never pay for compare or analyze.
@@ -56,26 +59,27 @@ def cli() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; every outcome leaves through one of the exit codes in `exitcodes`.
 
-    Commands return their exit status as an int.
+    Commands return their exit status as an int. Every failure is reported here, once: one line
+    on stderr, and in a JSON format (--format json or jsonl) a JSON object on stdout with the
+    exit code, so a script reading stdout gets JSON whatever happened.
     """
+    args = list(argv) if argv is not None else sys.argv[1:]
+    machine = requested_json(args)
     debug = bool(os.environ.get("OFFLOAD_DOCTOR_DEBUG"))
     try:
-        rv = cli.main(
-            args=list(argv) if argv is not None else None,
-            prog_name="offload-doctor",
-            standalone_mode=False,
-        )
+        rv = cli.main(args=args, prog_name="offload-doctor", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exitcodes.USAGE if exc.exit_code in (1, 2) else exc.exit_code)
+        code = exitcodes.USAGE if exc.exit_code in (1, 2) else exc.exit_code
+        _fail(machine, "usage", exc.format_message(), code, show=False)
     except (click.Abort, KeyboardInterrupt):
-        _stderr("offload-doctor: interrupted")
-        sys.exit(exitcodes.INTERRUPTED)
+        _fail(machine, "interrupted", "interrupted", exitcodes.INTERRUPTED, prefix="")
+    except errors.Interrupted as exc:
+        _fail(machine, exc.kind, str(exc), exc.exit_code, prefix="")
     except DoctorError as exc:
-        _stderr(f"offload-doctor: error: {exc}")
-        sys.exit(exc.exit_code)
+        _fail(machine, exc.kind, str(exc), exc.exit_code)
     except BrokenPipeError:
         # Reader went away (e.g. `| head`): not worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -83,12 +87,47 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
-        _stderr(
-            f"offload-doctor: internal error: {type(exc).__name__}: {exc} "
-            "(set OFFLOAD_DOCTOR_DEBUG=1 for the traceback)"
+        message = (
+            f"{type(exc).__name__}: {exc}: a bug of offload-doctor; please report it at "
+            f"{links.DOCTOR_ISSUES} (OFFLOAD_DOCTOR_DEBUG=1 prints the traceback)"
         )
-        sys.exit(exitcodes.INTERNAL)
+        _fail(machine, "internal", message, exitcodes.INTERNAL, prefix="internal error: ")
     sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
+
+
+def requested_json(args: Sequence[str]) -> OutputFormat | None:
+    """The JSON format the command line asks for, read before click parses it (a usage error
+    must still answer in JSON); the last --format wins, as in click, and `--` ends the scan."""
+    found: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--format" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--format="):
+            found = arg.partition("=")[2]
+    if found in (OutputFormat.JSON.value, OutputFormat.JSONL.value):
+        return OutputFormat(found)
+    return None
+
+
+def _fail(
+    machine: OutputFormat | None,
+    kind: str,
+    message: str,
+    code: int,
+    *,
+    prefix: str = "error: ",
+    show: bool = True,
+) -> NoReturn:
+    if show:
+        _stderr(f"offload-doctor: {prefix}{message}")
+    if machine is not None:
+        doc = error_document(kind, message, code)
+        indent = 2 if machine is OutputFormat.JSON else None
+        with contextlib.suppress(OSError):
+            click.echo(json.dumps(doc, ensure_ascii=False, indent=indent))
+    sys.exit(code)
 
 
 def _stderr(message: str) -> None:

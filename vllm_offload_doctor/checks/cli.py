@@ -9,10 +9,13 @@ import click
 
 from vllm_offload_doctor.checks.render import RENDERERS
 from vllm_offload_doctor.common_cli import (
+    Output,
     color_option,
     complete_path,
     format_option,
-    resolve_color,
+    output_option,
+    quiet_option,
+    verbose_option,
 )
 from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
@@ -84,7 +87,9 @@ from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
     "markdown is a paste-ready block for a bug report (no secrets, user or host names).",
 )
 @color_option()
-@click.option("-v", "--verbose", is_flag=True, help="Show details and links for every check.")
+@output_option()
+@quiet_option()
+@verbose_option("Show details and links for every check (with --list: what each one tests).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option(
     "--list", "list_checks", is_flag=True, help="List the checks and what each one tests."
@@ -102,6 +107,8 @@ def check(
     port: int,
     fmt: OutputFormat,
     color: bool | None,
+    output: Path | None,
+    quiet: bool,
     verbose: bool,
     strict: bool,
     list_checks: bool,
@@ -123,8 +130,10 @@ def check(
     from vllm_offload_doctor.machine.modelsize import resolve_model
     from vllm_offload_doctor.machine.probes import RealProbe
 
+    out = Output(fmt, output, quiet=quiet, color=color)
     if list_checks:
-        click.echo(_list_checks(verbose))
+        out.report(lambda _fmt, _color: _list_checks(verbose))
+        out.close()
         return 0
     if model is not None:
         resolve_model(model, os.environ, Path.home())  # a missing model is a usage error
@@ -141,9 +150,8 @@ def check(
         port=port,
     )
     report = run_checks(RealProbe(), options)
-    use_color = resolve_color(color)
-    # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
-    click.echo(render(report, fmt, verbose=verbose, color=use_color), color=use_color)
+    out.report(lambda f, c: render(report, f, verbose=verbose, color=c))
+    out.close()
     return report.exit_code(strict=strict)
 
 
