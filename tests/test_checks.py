@@ -784,3 +784,48 @@ def test_env_effect(name: str, value: str, status: Status) -> None:
 def test_wsl_variable_outside_wsl_has_no_effect() -> None:
     assert "no effect outside WSL" in env_effect("VLLM_WSL2_ENABLE_PIN_MEMORY", "1", wsl=False)[1]
     assert "no effect" not in env_effect("VLLM_WSL2_ENABLE_PIN_MEMORY", "1", wsl=True)[1]
+
+
+# --- whose Python: vLLM's, found for the doctor in its own environment ----------------------
+
+OWN = InterpreterInfo(
+    "/home/u/.local/share/pipx/venvs/vllm-offload-doctor/bin/python",
+    "this interpreter (no vllm on PATH)",
+    python_version="3.12.3",
+    own=True,
+)
+
+
+def test_the_doctors_own_python_is_never_taken_for_vllms() -> None:
+    results = run(FakeProbe(interp=OWN))
+    python, vllm = results["python"], results["vllm"]
+    assert python.status is Status.SKIP and "no `vllm` on PATH" in python.message
+    assert vllm.status is Status.FAIL and "vLLM not found" in vllm.message
+    # No advice to install vLLM into the doctor's private environment.
+    assert "pip install" not in vllm.remedy and "--python" in vllm.remedy
+    assert OWN.executable not in vllm.remedy
+
+
+def test_the_doctors_own_python_with_vllm_is_vllms() -> None:
+    """Installed beside vLLM (same venv, not activated): that interpreter is vLLM's."""
+    own = replace(OWN, vllm_version="0.33.0", vllm_requires_python=">=3.11,<3.15")
+    python = one("python", FakeProbe(interp=own))
+    assert python.status is Status.OK
+    assert python.message.startswith("Python 3.12.3 (offload-doctor's own) meets vLLM 0.33.0")
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("shebang of /opt/venv/bin/vllm", "behind `vllm` on PATH"),
+        ("--python", "--python"),
+    ],
+)
+def test_the_python_line_says_how_the_interpreter_was_found(source: str, said: str) -> None:
+    python = one("python", FakeProbe(interp=replace(PY, source=source)))
+    assert python.status is Status.OK and f"Python 3.12.3 ({said}) meets" in python.message
+
+
+def test_a_chosen_python_without_vllm_is_told_how_to_install_into_it() -> None:
+    vllm = one("vllm", FakeProbe(interp=replace(PY, vllm_version=None, source="--python")))
+    assert vllm.remedy.startswith(f"{PY.executable} -m pip install vllm")
