@@ -88,9 +88,12 @@ def analyze(
 ) -> int:
     """Name the root cause in vLLM server logs.
 
-    PATHS are log files (plain, or compressed with gzip, bzip2 or xz), directories (every
-    *.log, *.txt, *.out, *.err and compressed log under them) or - for stdin.
-    Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read.
+    PATHS are log files (plain, or compressed with gzip, bzip2 or xz; zstd on Python 3.14+),
+    directories (every *.log, *.txt, *.out, *.err, *.gz, *.bz2 and *.xz under them; *.zst too on
+    Python 3.14+) or - for stdin.
+
+    Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read
+    (the others are still analysed), 3 a bug of offload-doctor, 130 interrupted.
 
     \b
     Examples:
