@@ -121,9 +121,10 @@ def check(
     \b
     Examples:
       offload-doctor check                                # this machine and its vLLM
-      offload-doctor check --model /models/m --offload-gb 8   # will it fit?
-      offload-doctor check --python ~/vllm-env/bin/python # the vLLM of another venv
+      offload-doctor check --model MODEL_DIR --offload-gb 8    # will it fit?
+      offload-doctor check --python VLLM_PYTHON           # the vLLM of another venv
       offload-doctor check --format markdown              # a reply to paste into an issue
+      offload-doctor check --format json -o check.json    # saved for a script, text on screen
     """
     from vllm_offload_doctor.checks import Options, run_checks
     from vllm_offload_doctor.checks.render import render
