@@ -249,3 +249,17 @@ def test_the_json_request_is_read_as_click_would() -> None:
     assert requested_json(["analyze", "--format", "json", "--format", "text"]) is None
     assert requested_json(["compare", "--", "--format", "json"]) is None
     assert requested_json(["analyze", "--format"]) is None
+
+
+@pytest.mark.parametrize("fmt", ["json", "markdown"])
+def test_check_list_answers_in_the_format_asked(capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    from vllm_offload_doctor.checks import all_checks
+
+    code, out, _ = run(capsys, "check", "--list", "--format", fmt)
+    ids = [c.id for c in all_checks()]
+    assert code == 0
+    if fmt == "json":
+        doc = json.loads(out)
+        assert doc["schema_version"] == 1 and [c["id"] for c in doc["checks"]] == ids
+    else:
+        assert out.startswith("| id | check |") and all(f"| `{i}` |" in out for i in ids)

@@ -133,7 +133,7 @@ def check(
 
     out = Output(fmt, output, quiet=quiet, color=color)
     if list_checks:
-        out.report(lambda _fmt, _color: _list_checks(verbose))
+        out.report(lambda f, _color: _list_checks(verbose, f))
         out.close()
         return 0
     if model is not None:
@@ -156,11 +156,20 @@ def check(
     return report.exit_code(strict=strict)
 
 
-def _list_checks(verbose: bool) -> str:
-    """Each check's id and title; with -v, its module's documentation."""
+def _list_checks(verbose: bool, fmt: OutputFormat) -> str:
+    """Each check's id and title; with -v, its module's documentation (always, in JSON)."""
+    import json
+
     from vllm_offload_doctor.checks import all_checks
+    from vllm_offload_doctor.formats import SCHEMA_VERSION
 
     checks = all_checks()
+    if fmt is OutputFormat.JSON:
+        listed = [{"id": c.id, "title": c.title, "doc": c.doc} for c in checks]
+        return json.dumps({"schema_version": SCHEMA_VERSION, "checks": listed}, indent=2)
+    if fmt is OutputFormat.MARKDOWN:
+        rows = [f"| `{c.id}` | {c.title} | {(c.doc.splitlines() or [''])[0]} |" for c in checks]
+        return "\n".join(["| id | check | what it tests |", "|---|---|---|", *rows])
     width = max(len(c.id) for c in checks)
     lines: list[str] = []
     for c in checks:
