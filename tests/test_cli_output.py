@@ -263,3 +263,12 @@ def test_check_list_answers_in_the_format_asked(capsys: pytest.CaptureFixture[st
         assert doc["schema_version"] == 1 and [c["id"] for c in doc["checks"]] == ids
     else:
         assert out.startswith("| id | check |") and all(f"| `{i}` |" in out for i in ids)
+
+
+def test_every_json_document_carries_the_schema_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """inspect's JSON too, like check's, compare's, analyze's and the error object."""
+    code, out, _ = run(capsys, "inspect", "--url", "http://127.0.0.1:9", "--format", "json")
+    doc = json.loads(out)
+    assert code == exitcodes.USAGE and doc["schema_version"] == 1 and len(doc["servers"]) == 1
