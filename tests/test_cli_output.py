@@ -12,7 +12,7 @@ import click
 import pytest
 
 from vllm_offload_doctor import common_cli, exitcodes, links
-from vllm_offload_doctor.cli import cli, main, requested_json
+from vllm_offload_doctor.cli import asked, cli, main
 from vllm_offload_doctor.errors import OutputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,12 +243,30 @@ def test_text_mode_errors_stay_off_stdout(capsys: pytest.CaptureFixture[str]) ->
     assert err.startswith("offload-doctor: error: no rule 'NOSUCH'")
 
 
-def test_the_json_request_is_read_as_click_would() -> None:
-    assert requested_json(["analyze", "--format", "json", "x"]) is not None
-    assert requested_json(["analyze", "--format=jsonl"]) is not None
-    assert requested_json(["analyze", "--format", "json", "--format", "text"]) is None
-    assert requested_json(["compare", "--", "--format", "json"]) is None
-    assert requested_json(["analyze", "--format"]) is None
+def test_the_output_request_is_read_as_click_would() -> None:
+    assert asked(["analyze", "--format", "json", "x"]).json is not None
+    assert asked(["analyze", "--format=jsonl"]).json is not None
+    assert asked(["analyze", "--format", "json", "--format", "text"]).json is None
+    assert asked(["compare", "--", "--format", "json"]).json is None
+    assert asked(["analyze", "--format"]).json is None
+    assert asked(["rules", "-o", "a.json"]).output == "a.json"
+    assert asked(["rules", "--output=b.json", "-oc.json"]).output == "c.json"
+    assert asked(["compare", "--", "-o", "x"]).output is None
+    assert asked(["analyze", "-q", "x"]).quiet and asked(["analyze", "-vq"]).quiet
+    assert not asked(["analyze", "-o", "q"]).quiet and not asked(["a", "--", "-q"]).quiet
+
+
+def test_an_error_in_json_mode_replaces_the_output_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A script reading FILE finds this run's error, never an earlier run's report."""
+    target = tmp_path / "rules.json"
+    target.write_text('{"earlier": "report"}')
+    code, out, err = run(capsys, "rules", "NOSUCH", "--format", "json", "-o", str(target), "-q")
+    assert code == exitcodes.USAGE and out == ""  # -q: stdout stays empty, even for an error
+    assert err.startswith("offload-doctor: error: no rule 'NOSUCH'")
+    doc = json.loads(target.read_text())
+    assert doc["error"]["kind"] == "input" and doc["exit_code"] == code
 
 
 @pytest.mark.parametrize("fmt", ["json", "markdown"])

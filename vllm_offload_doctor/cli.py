@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import click
 
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     exit code, so a script reading stdout gets JSON whatever happened.
     """
     args = list(argv) if argv is not None else sys.argv[1:]
-    machine = requested_json(args)
+    want = asked(args)
     debug = bool(os.environ.get("OFFLOAD_DOCTOR_DEBUG"))
     try:
         rv = cli.main(args=args, prog_name="offload-doctor", standalone_mode=False)
@@ -73,13 +73,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         code = exitcodes.USAGE if exc.exit_code in (1, 2) else exc.exit_code
-        _fail(machine, "usage", exc.format_message(), code, show=False)
+        _fail(want, "usage", exc.format_message(), code, show=False)
     except (click.Abort, KeyboardInterrupt):
-        _fail(machine, "interrupted", "interrupted", exitcodes.INTERRUPTED, prefix="")
+        _fail(want, "interrupted", "interrupted", exitcodes.INTERRUPTED, prefix="")
     except errors.Interrupted as exc:
-        _fail(machine, exc.kind, str(exc), exc.exit_code, prefix="")
+        _fail(want, exc.kind, str(exc), exc.exit_code, prefix="")
     except DoctorError as exc:
-        _fail(machine, exc.kind, str(exc), exc.exit_code)
+        _fail(want, exc.kind, str(exc), exc.exit_code)
     except BrokenPipeError:
         # Reader went away (e.g. `| head`): not worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -91,28 +91,46 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{type(exc).__name__}: {exc}: a bug of offload-doctor; please report it at "
             f"{links.DOCTOR_ISSUES} (OFFLOAD_DOCTOR_DEBUG=1 prints the traceback)"
         )
-        _fail(machine, "internal", message, exitcodes.INTERNAL, prefix="internal error: ")
+        _fail(want, "internal", message, exitcodes.INTERNAL, prefix="internal error: ")
     sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
 
 
-def requested_json(args: Sequence[str]) -> OutputFormat | None:
-    """The JSON format the command line asks for, read before click parses it (a usage error
-    must still answer in JSON); the last --format wins, as in click, and `--` ends the scan."""
-    found: str | None = None
+class Asked(NamedTuple):
+    """What the command line asks of the output, read before click parses it: a usage error
+    must still answer in JSON, in FILE, and not on stdout with -q."""
+
+    json: OutputFormat | None  # --format json or jsonl
+    output: str | None  # -o/--output FILE
+    quiet: bool  # -q/--quiet, alone or among short flags (-qv)
+
+
+def asked(args: Sequence[str]) -> Asked:
+    """Read as click would: the last value wins, and `--` ends the options."""
+    fmt: str | None = None
+    output: str | None = None
+    quiet = False
     for i, arg in enumerate(args):
         if arg == "--":
             break
-        if arg == "--format" and i + 1 < len(args):
-            found = args[i + 1]
+        value = args[i + 1] if i + 1 < len(args) else None
+        if arg == "--format":
+            fmt = value
         elif arg.startswith("--format="):
-            found = arg.partition("=")[2]
-    if found in (OutputFormat.JSON.value, OutputFormat.JSONL.value):
-        return OutputFormat(found)
-    return None
+            fmt = arg.partition("=")[2]
+        elif arg in ("-o", "--output"):
+            output = value
+        elif arg.startswith("--output="):
+            output = arg.partition("=")[2]
+        elif arg.startswith("-o") and not arg.startswith("--"):
+            output = arg[2:]
+        elif arg == "--quiet" or (arg[:1] == "-" and "q" in arg and set(arg[1:]) <= {"q", "v"}):
+            quiet = True
+    machine = OutputFormat(fmt) if fmt in (OutputFormat.JSON, OutputFormat.JSONL) else None
+    return Asked(machine, output or None, quiet)
 
 
 def _fail(
-    machine: OutputFormat | None,
+    want: Asked,
     kind: str,
     message: str,
     code: int,
@@ -122,11 +140,21 @@ def _fail(
 ) -> NoReturn:
     if show:
         _stderr(f"offload-doctor: {prefix}{message}")
-    if machine is not None:
+    if want.json is not None:
         doc = error_document(kind, message, code)
-        indent = 2 if machine is OutputFormat.JSON else None
-        with contextlib.suppress(OSError):
-            click.echo(json.dumps(doc, ensure_ascii=False, indent=indent))
+        indent = 2 if want.json is OutputFormat.JSON else None
+        text = json.dumps(doc, ensure_ascii=False, indent=indent)
+        if not want.quiet:
+            with contextlib.suppress(OSError):
+                click.echo(text)
+        # FILE gets it too: a script reading FILE never finds an earlier run's report there.
+        if want.output is not None and kind != errors.OutputError.kind:
+            from pathlib import Path
+
+            from vllm_offload_doctor.common_cli import write_atomically
+
+            with contextlib.suppress(DoctorError):
+                write_atomically(Path(want.output), text + "\n")
     sys.exit(code)
 
 
