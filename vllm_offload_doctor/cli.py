@@ -60,8 +60,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; every outcome leaves through one of the exit codes in `exitcodes`.
 
     Commands return their exit status as an int. Every failure is reported here, once: one line
-    on stderr, and in a JSON format (--format json or jsonl) a JSON object on stdout with the
-    exit code, so a script reading stdout gets JSON whatever happened.
+    on stderr, and in a JSON format (--format json or jsonl) a JSON object with the exit code on
+    stdout (unless -q) and in -o FILE, so a script gets JSON whatever happened.
     """
     args = list(argv) if argv is not None else sys.argv[1:]
     want = asked(args)
