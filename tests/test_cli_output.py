@@ -290,3 +290,43 @@ def test_every_json_document_carries_the_schema_version(
     code, out, _ = run(capsys, "inspect", "--url", "http://127.0.0.1:9", "--format", "json")
     doc = json.loads(out)
     assert code == exitcodes.USAGE and doc["schema_version"] == 1 and len(doc["servers"]) == 1
+
+
+# --- check finds vLLM's Python, not its own -------------------------------------------------
+
+
+def _check_json(tmp_path: Path, path: str) -> dict[str, dict[str, object]]:
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "OFFLOAD_DOCTOR_DEBUG"} | {"PATH": path}
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_offload_doctor", "check", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    return {c["id"]: c for c in json.loads(done.stdout)["checks"]}
+
+
+def test_check_from_its_own_environment_finds_vllm_on_path(tmp_path: Path) -> None:
+    """As from pipx or uv tool: the doctor's interpreter has no vLLM, `vllm` on PATH points to one."""
+    bin_dir = tmp_path / "vllm-env" / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "vllm"
+    script.write_text(f"#!{sys.executable}\n")
+    script.chmod(0o755)
+    found = _check_json(tmp_path, str(bin_dir))
+    assert "(behind `vllm` on PATH)" in str(found["python"]["message"])
+    assert f"shebang of {script}" in str(found["python"]["details"])
+
+
+def test_check_without_vllm_on_path_never_takes_its_own_python(tmp_path: Path) -> None:
+    found = _check_json(tmp_path, str(tmp_path))
+    python, vllm = found["python"], found["vllm"]
+    if vllm["status"] != "fail":
+        pytest.skip("this interpreter has vLLM installed: it is vLLM's own")
+    assert python["status"] == "skip" and "no `vllm` on PATH" in str(python["message"])
+    assert "pip install" not in str(vllm["remedy"])
