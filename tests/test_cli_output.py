@@ -330,3 +330,25 @@ def test_check_without_vllm_on_path_never_takes_its_own_python(tmp_path: Path) -
         pytest.skip("this interpreter has vLLM installed: it is vLLM's own")
     assert python["status"] == "skip" and "no `vllm` on PATH" in str(python["message"])
     assert "pip install" not in str(vllm["remedy"])
+
+
+# --- compare: -q silences the progress, -o keeps the report, -v shows the commands -----------
+
+
+def test_compare_quiet_with_output_prints_nothing_and_saves_the_report(tmp_path: Path) -> None:
+    from test_compare_e2e import run_compare
+
+    target = tmp_path / "ab.json"
+    proc, report = run_compare(tmp_path, "effective", "-q", "--format", "json", "-o", str(target))
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == ""
+    saved = json.loads(target.read_text())
+    assert saved["verdict"]["status"] == report["verdict"]["status"] == "effective"
+
+
+def test_compare_verbose_shows_the_commands_first(tmp_path: Path) -> None:
+    from test_compare_e2e import run_compare
+
+    proc, _ = run_compare(tmp_path, "effective", "-v")
+    assert proc.returncode == 0
+    assert proc.stderr.startswith("# offload-doctor compare: the exact commands")
+    assert "Verdict: EFFECTIVE" in proc.stdout
