@@ -8,10 +8,15 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from vllm_offload_doctor import exitcodes
 from vllm_offload_doctor.checks import CheckResult, Options, Report, Status, run_checks
 from vllm_offload_doctor.checks.context import GIB, visible_indices
 from vllm_offload_doctor.checks.env import env_effect
 from vllm_offload_doctor.checks.platform import kernel_tuple
+from vllm_offload_doctor.checks.render import render
+from vllm_offload_doctor.errors import ProbeError
+from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.links import DOCTOR_ISSUES
 from vllm_offload_doctor.machine.fit import model_shape
 from vllm_offload_doctor.machine.modelsize import ModelNotFoundError, ModelSize
 from vllm_offload_doctor.machine.ports import PortState
@@ -97,12 +102,15 @@ class FakeProbe:
     )
     env: dict[str, str] = field(default_factory=dict)
     model: ModelSize | Exception = MODEL_16G
-    crash: set[str] = field(default_factory=set)
+    crash: set[str] = field(default_factory=set)  # probes that cannot run (ProbeError)
+    bugs: set[str] = field(default_factory=set)  # probes that raise what nothing expects
     calls: dict[str, int] = field(default_factory=dict)
 
     def _hit(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
         if name in self.crash:
+            raise ProbeError(f"{name} probe could not run")
+        if name in self.bugs:
             raise RuntimeError(f"{name} probe exploded")
 
     def platform(self) -> PlatformInfo:
@@ -165,12 +173,28 @@ def test_each_probe_is_read_once() -> None:
     assert all(n == 1 for n in probe.calls.values()), probe.calls
 
 
-def test_crashing_probe_becomes_skip_with_reason_and_others_still_run() -> None:
+def test_a_probe_that_cannot_run_becomes_skip_with_reason_and_others_still_run() -> None:
     results = run(FakeProbe(crash={"nvml"}))
     assert results["nvml"].status is Status.SKIP
-    assert "nvml probe exploded" in results["nvml"].message
+    assert "nvml probe could not run" in results["nvml"].message
     assert results["gpu"].status is Status.SKIP
     assert results["os"].status is Status.OK
+
+
+def test_a_crashing_check_is_a_bug_with_the_report_link_not_a_skip() -> None:
+    report = run_checks(FakeProbe(bugs={"nvml"}), Options())
+    results = {c.id: c for c in report.checks}
+    bug = results["nvml"]
+    assert bug.status is Status.BUG
+    assert "RuntimeError: nvml probe exploded" in bug.message and "bug of offload-doctor" in bug.message
+    assert bug.links == (DOCTOR_ISSUES,) and DOCTOR_ISSUES in bug.remedy
+    assert bug.details and bug.details[0].startswith("raised at test_checks.py:")
+    assert results["os"].status is Status.OK
+    assert report.exit_code() == exitcodes.INTERNAL
+    text = render(report, OutputFormat.TEXT)
+    assert "[☠] NVIDIA driver (NVML): this check crashed" in text and "→ Please report it" in text
+    assert text.splitlines()[-1].startswith("☠ No issues found, but a check crashed")
+    assert "☠️ bug" in render(report, OutputFormat.MARKDOWN)
 
 
 def test_exit_codes() -> None:
@@ -183,6 +207,9 @@ def test_exit_codes() -> None:
     assert Report((ok, skip)).exit_code(strict=True) == 0
     assert Report((ok, fail)).exit_code() == 1
     assert Report((skip, skip)).exit_code() == 2
+    bug = CheckResult("e", "E", Status.BUG, "")
+    assert Report((ok, bug)).exit_code() == 3
+    assert Report((fail, bug)).exit_code() == 1  # what was found outranks our crash
 
 
 def test_every_probe_crashing_exits_2() -> None:
@@ -200,7 +227,7 @@ def test_json_dict_schema() -> None:
     assert set(data["checks"][0]) == {
         "id", "title", "status", "message", "details", "remedy", "links",
     }  # fmt: skip
-    assert data["summary"] == {"ok": 9, "warn": 0, "fail": 0, "skip": 1}
+    assert data["summary"] == {"ok": 9, "warn": 0, "fail": 0, "skip": 1, "bug": 0}  # a new key
     assert data["facts"]["nvml"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert data["facts"]["options"]["offload_gb"] == 2
 
@@ -757,3 +784,48 @@ def test_env_effect(name: str, value: str, status: Status) -> None:
 def test_wsl_variable_outside_wsl_has_no_effect() -> None:
     assert "no effect outside WSL" in env_effect("VLLM_WSL2_ENABLE_PIN_MEMORY", "1", wsl=False)[1]
     assert "no effect" not in env_effect("VLLM_WSL2_ENABLE_PIN_MEMORY", "1", wsl=True)[1]
+
+
+# --- whose Python: vLLM's, found for the doctor in its own environment ----------------------
+
+OWN = InterpreterInfo(
+    "/home/u/.local/share/pipx/venvs/vllm-offload-doctor/bin/python",
+    "this interpreter (no vllm on PATH)",
+    python_version="3.12.3",
+    own=True,
+)
+
+
+def test_the_doctors_own_python_is_never_taken_for_vllms() -> None:
+    results = run(FakeProbe(interp=OWN))
+    python, vllm = results["python"], results["vllm"]
+    assert python.status is Status.SKIP and "no `vllm` on PATH" in python.message
+    assert vllm.status is Status.FAIL and "vLLM not found" in vllm.message
+    # No advice to install vLLM into the doctor's private environment.
+    assert "pip install" not in vllm.remedy and "--python" in vllm.remedy
+    assert OWN.executable not in vllm.remedy
+
+
+def test_the_doctors_own_python_with_vllm_is_vllms() -> None:
+    """Installed beside vLLM (same venv, not activated): that interpreter is vLLM's."""
+    own = replace(OWN, vllm_version="0.33.0", vllm_requires_python=">=3.11,<3.15")
+    python = one("python", FakeProbe(interp=own))
+    assert python.status is Status.OK
+    assert python.message.startswith("Python 3.12.3 (offload-doctor's own) meets vLLM 0.33.0")
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("shebang of /opt/venv/bin/vllm", "behind `vllm` on PATH"),
+        ("--python", "--python"),
+    ],
+)
+def test_the_python_line_says_how_the_interpreter_was_found(source: str, said: str) -> None:
+    python = one("python", FakeProbe(interp=replace(PY, source=source)))
+    assert python.status is Status.OK and f"Python 3.12.3 ({said}) meets" in python.message
+
+
+def test_a_chosen_python_without_vllm_is_told_how_to_install_into_it() -> None:
+    vllm = one("vllm", FakeProbe(interp=replace(PY, vllm_version=None, source="--python")))
+    assert vllm.remedy.startswith(f"{PY.executable} -m pip install vllm")

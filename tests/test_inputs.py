@@ -124,7 +124,7 @@ def test_directory_with_no_logs(tmp_path: Path) -> None:
     (tmp_path / "readme.md").write_text("hello")
     proc = run(str(tmp_path))
     assert proc.returncode == 2
-    one_line_error(proc, "no *.log")
+    one_line_error(proc, "holds no log files (*.log")
 
 
 def test_binary_file(tmp_path: Path) -> None:

@@ -384,3 +384,13 @@ def test_read_nvml_without_the_v2_record_has_no_reserve(monkeypatch: pytest.Monk
     (gpu,) = read_nvml().gpus
     assert gpu.memory_reserved is None
     assert gpu.memory_usable == gpu.memory_total == 141 * GIB
+
+
+def test_the_real_probe_marks_its_own_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert RealProbe().interpreter(None).own is True
+    script(tmp_path / "vllm", f"#!{sys.executable}\n")
+    assert RealProbe().interpreter(None).own is False  # found through `vllm`: vLLM's own
+    assert RealProbe().interpreter(sys.executable).own is False

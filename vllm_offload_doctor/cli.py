@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple, NoReturn
 
 import click
 
-from vllm_offload_doctor import __version__, exitcodes
+from vllm_offload_doctor import __version__, errors, exitcodes, links
 from vllm_offload_doctor.errors import DoctorError
+from vllm_offload_doctor.formats import OutputFormat, error_document
 
 # Workflow order; each command's module is imported only when that command runs, so
 # `--version` and `check` never pay for compare or analyze.
@@ -56,26 +59,27 @@ def cli() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; every outcome leaves through one of the exit codes in `exitcodes`.
 
-    Commands return their exit status as an int.
+    Commands return their exit status as an int. Every failure is reported here, once: one line
+    on stderr, and in a JSON format (--format json or jsonl) a JSON object with the exit code on
+    stdout (unless -q) and in -o FILE, so a script gets JSON whatever happened.
     """
+    args = list(argv) if argv is not None else sys.argv[1:]
+    want = asked(args)
     debug = bool(os.environ.get("OFFLOAD_DOCTOR_DEBUG"))
     try:
-        rv = cli.main(
-            args=list(argv) if argv is not None else None,
-            prog_name="offload-doctor",
-            standalone_mode=False,
-        )
+        rv = cli.main(args=args, prog_name="offload-doctor", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exitcodes.USAGE if exc.exit_code in (1, 2) else exc.exit_code)
+        code = exitcodes.USAGE if exc.exit_code in (1, 2) else exc.exit_code
+        _fail(want, "usage", exc.format_message(), code, show=False)
     except (click.Abort, KeyboardInterrupt):
-        _stderr("offload-doctor: interrupted")
-        sys.exit(exitcodes.INTERRUPTED)
+        _fail(want, "interrupted", "interrupted", exitcodes.INTERRUPTED, prefix="")
+    except errors.Interrupted as exc:
+        _fail(want, exc.kind, str(exc), exc.exit_code, prefix="")
     except DoctorError as exc:
-        _stderr(f"offload-doctor: error: {exc}")
-        sys.exit(exc.exit_code)
+        _fail(want, exc.kind, str(exc), exc.exit_code)
     except BrokenPipeError:
         # Reader went away (e.g. `| head`): not worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -83,12 +87,75 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
-        _stderr(
-            f"offload-doctor: internal error: {type(exc).__name__}: {exc} "
-            "(set OFFLOAD_DOCTOR_DEBUG=1 for the traceback)"
+        message = (
+            f"{type(exc).__name__}: {exc}: a bug of offload-doctor; please report it at "
+            f"{links.DOCTOR_ISSUES} (OFFLOAD_DOCTOR_DEBUG=1 prints the traceback)"
         )
-        sys.exit(exitcodes.INTERNAL)
+        _fail(want, "internal", message, exitcodes.INTERNAL, prefix="internal error: ")
     sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
+
+
+class Asked(NamedTuple):
+    """What the command line asks of the output, read before click parses it: a usage error
+    must still answer in JSON, in FILE, and not on stdout with -q."""
+
+    json: OutputFormat | None  # --format json or jsonl
+    output: str | None  # -o/--output FILE
+    quiet: bool  # -q/--quiet, alone or among short flags (-qv)
+
+
+def asked(args: Sequence[str]) -> Asked:
+    """Read as click would: the last value wins, and `--` ends the options."""
+    fmt: str | None = None
+    output: str | None = None
+    quiet = False
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        value = args[i + 1] if i + 1 < len(args) else None
+        if arg == "--format":
+            fmt = value
+        elif arg.startswith("--format="):
+            fmt = arg.partition("=")[2]
+        elif arg in ("-o", "--output"):
+            output = value
+        elif arg.startswith("--output="):
+            output = arg.partition("=")[2]
+        elif arg.startswith("-o") and not arg.startswith("--"):
+            output = arg[2:]
+        elif arg == "--quiet" or (arg[:1] == "-" and "q" in arg and set(arg[1:]) <= {"q", "v"}):
+            quiet = True
+    machine = OutputFormat(fmt) if fmt in (OutputFormat.JSON, OutputFormat.JSONL) else None
+    return Asked(machine, output or None, quiet)
+
+
+def _fail(
+    want: Asked,
+    kind: str,
+    message: str,
+    code: int,
+    *,
+    prefix: str = "error: ",
+    show: bool = True,
+) -> NoReturn:
+    if show:
+        _stderr(f"offload-doctor: {prefix}{message}")
+    if want.json is not None:
+        doc = error_document(kind, message, code)
+        indent = 2 if want.json is OutputFormat.JSON else None
+        text = json.dumps(doc, ensure_ascii=False, indent=indent)
+        if not want.quiet:
+            with contextlib.suppress(OSError):
+                click.echo(text)
+        # FILE gets it too: a script reading FILE never finds an earlier run's report there.
+        if want.output is not None and kind != errors.OutputError.kind:
+            from pathlib import Path
+
+            from vllm_offload_doctor.common_cli import write_atomically
+
+            with contextlib.suppress(DoctorError):
+                write_atomically(Path(want.output), text + "\n")
+    sys.exit(code)
 
 
 def _stderr(message: str) -> None:

@@ -41,3 +41,12 @@ def shorten(text: str, limit: int) -> str:
     if space >= limit // 2:  # a very long word is cut inside rather than losing half the text
         cut = cut[:space]
     return cut.rstrip(" ,;:") + ELLIPSIS
+
+
+def error_document(kind: str, message: str, exit_code: int) -> dict[str, object]:
+    """What a command prints instead of its report when it fails in a JSON format."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "error": {"kind": kind, "message": message},
+        "exit_code": exit_code,
+    }

@@ -16,6 +16,8 @@ DOCS_MEMORY = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 DOCS_GPU = "https://docs.vllm.ai/en/latest/getting_started/installation/gpu/"
 DOCS_SERVE = "https://docs.vllm.ai/en/latest/cli/serve/"
 DOCS_WSL = "https://learn.microsoft.com/windows/wsl/install"
+# Where a bug of the doctor itself is reported (pyproject's [project.urls] Issues says the same).
+DOCTOR_ISSUES = "https://github.com/vllm-offload-doctor/vllm-offload-doctor/issues"
 
 # The Model Runner V2 offload bug and its fix: what analyze, compare and check all cite.
 MRV2 = (ISSUE_MRV2, PR_MRV2_FIX)

@@ -11,10 +11,13 @@ import click
 
 from vllm_offload_doctor import exitcodes
 from vllm_offload_doctor.common_cli import (
+    Output,
     color_option,
     complete_path,
     format_option,
-    resolve_color,
+    output_option,
+    quiet_option,
+    verbose_option,
 )
 from vllm_offload_doctor.formats import OutputFormat
 
@@ -76,6 +79,9 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
     help="Analyse N logs at a time, one process each (default: one per core; 1: in this process). "
     "Results keep the order of the inputs.",
 )
+@output_option()
+@quiet_option()
+@verbose_option("Name each log on stderr as it is read (which files a folder gave).")
 def analyze(
     paths: tuple[str, ...],
     fmt: OutputFormat,
@@ -84,12 +90,18 @@ def analyze(
     color: bool | None,
     max_bytes: int | None,
     jobs: int | None,
+    output: Path | None,
+    quiet: bool,
+    verbose: bool,
 ) -> int:
     """Name the root cause in vLLM server logs.
 
-    PATHS are log files (plain, or compressed with gzip, bzip2 or xz), directories (every
-    *.log, *.txt, *.out, *.err and compressed log under them) or - for stdin.
-    Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read.
+    PATHS are log files (plain, or compressed with gzip, bzip2 or xz; zstd on Python 3.14+),
+    directories (every *.log, *.txt, *.out, *.err, *.gz, *.bz2 and *.xz under them; *.zst too on
+    Python 3.14+) or - for stdin.
+
+    Exit status: 0 nothing wrong found, 1 a failure diagnosed, 2 an input could not be read
+    (the others are still analysed), 3 a bug of offload-doctor, 130 interrupted.
 
     \b
     Examples:
@@ -103,7 +115,7 @@ def analyze(
     from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
     from vllm_offload_doctor.redact import scrub_text
 
-    if "-" in paths and sys.stdin.isatty():
+    if "-" in paths and sys.stdin.isatty() and not quiet:
         # Without this a terminal user sees nothing and may think the doctor hangs.
         click.echo(
             "offload-doctor: reading a log from the terminal: paste it, then Ctrl+D "
@@ -114,28 +126,45 @@ def analyze(
     sources, errors = logread.resolve_inputs(list(paths))
     # An error names the input as given: a path or URL may carry a token.
     errors = [scrub_text(msg) for msg in errors]
-    use_color = resolve_color(color)
-    renderer = Renderer(color=use_color, hosts=redact, home=redact)
-    form = RENDERERS[fmt]
+    out = Output(fmt, output, quiet=quiet, color=color)
+    # Each target renders its own format: the chosen one (FILE, or stdout without -o), and the
+    # text view on stdout beside -o. Only stdout is ever coloured.
+    targets = [
+        (RENDERERS[fmt], Renderer(color=out.color and not out.path, hosts=redact, home=redact), out.save)
+    ]
+    screen = out.screen_format
+    if out.path is not None and screen is not None:
+        targets.append(
+            (RENDERERS[screen], Renderer(color=out.color, hosts=redact, home=redact), out.show)
+        )
     analyses = []
     for msg in errors:
         click.echo(f"offload-doctor: error: {msg}", err=True)
     several = len(sources) > 1
-    job = batch.Job(tuple(rule_dirs), max_bytes, fmt, renderer, several)
+    # The chosen format is rendered where the log is analysed (a batch worker); the text view
+    # beside -o here.
+    (_, first, save), *others = targets
+    job = batch.Job(tuple(rule_dirs), max_bytes, fmt, first, several)
     for done in batch.analyze_all(engine, job, sources, batch.workers_for(jobs, sources)):
+        if verbose and not quiet:
+            click.echo(f"offload-doctor: reading {scrub_text(done.source.name)}", err=True)
         if done.analysis is None:
             errors.append(scrub_text(done.error or "unreadable"))
             click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
             continue
         analyses.append(done.analysis)
         if done.record is not None:
-            renderer.remember(done.analysis, done.record)
+            first.remember(done.analysis, done.record)
         if done.item is not None:
-            # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
-            click.echo(done.item, color=use_color)
-    tail = form.end(renderer, analyses, errors, several) if form.end is not None else ""
-    if tail:
-        click.echo(tail, color=use_color)
+            save(done.item)
+        for form, renderer, emit in others:
+            if form.item is not None:
+                emit(form.item(renderer, done.analysis, several))
+    for form, renderer, emit in targets:
+        tail = form.end(renderer, analyses, errors, several) if form.end is not None else ""
+        if tail:
+            emit(tail)
+    out.close()
     if errors:
         return exitcodes.USAGE
     return exitcodes.FOUND if any(a.failed for a in analyses) else exitcodes.OK
@@ -150,21 +179,21 @@ def analyze(
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory of extra rule files (TOML) to list with the built-in ones; may be repeated.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(("text", "json", "markdown")),
-    default="text",
-    show_default=True,
-    help="markdown: the rule table as the README shows it, or each rule explained.",
+@format_option(
+    (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.MARKDOWN),
+    "markdown: the rule table as the README shows it, or each rule explained.",
 )
-@click.option(
-    "-v",
-    "--verbose",
-    is_flag=True,
-    help="The rule author's view: patterns, conditions, template and every catalogued message.",
-)
-def rules(rule_ids: tuple[str, ...], rule_dirs: tuple[Path, ...], fmt: str, verbose: bool) -> int:
+@output_option()
+@quiet_option()
+@verbose_option("The rule author's view: patterns, conditions, template and every catalogued message.")
+def rules(
+    rule_ids: tuple[str, ...],
+    rule_dirs: tuple[Path, ...],
+    fmt: OutputFormat,
+    output: Path | None,
+    quiet: bool,
+    verbose: bool,
+) -> int:
     """List the rules, or explain the ones named by id, name or id prefix (OOM: every OOM rule).
 
     \b
@@ -179,33 +208,40 @@ def rules(rule_ids: tuple[str, ...], rule_dirs: tuple[Path, ...], fmt: str, verb
     from vllm_offload_doctor.analyze.rules import load_rules
 
     loaded = load_rules(rule_dirs)
-    if not rule_ids:
-        if fmt == "json":
+    chosen = rule_view.select(loaded, rule_ids) if rule_ids else None
+    out = Output(fmt, output, quiet=quiet)
+    out.report(lambda f, _color: _rules_doc(loaded, chosen, f, verbose), nl=False)
+    out.close()
+    return exitcodes.OK
+
+
+def _rules_doc(
+    loaded: list[Rule], chosen: list[Rule] | None, fmt: OutputFormat, verbose: bool
+) -> str:
+    """The rule list (`chosen` None) or the chosen rules explained, in `fmt`, ending in a newline."""
+    from vllm_offload_doctor.analyze import rule_view
+
+    if chosen is None:
+        if fmt is OutputFormat.JSON:
             cat = _catalogue()
             listed = [_rule_dict(r) | _sources(r, None, cat) for r in loaded]
-            click.echo(json.dumps(listed, indent=2, ensure_ascii=False))
-        elif fmt == "markdown":
-            click.echo(rule_view.markdown_table(loaded), nl=False)
-        else:
-            click.echo(_rule_table(loaded))
-        return exitcodes.OK
-    chosen = rule_view.select(loaded, rule_ids)
-    if fmt == "json":
-        cat = _catalogue()
-        docs = [_rule_dict(r) | _sources(r, None, cat) for r in chosen]
-        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, ensure_ascii=False))
-        return exitcodes.OK
+            return json.dumps(listed, indent=2, ensure_ascii=False) + "\n"
+        if fmt is OutputFormat.MARKDOWN:
+            return rule_view.markdown_table(loaded)
+        return _rule_table(loaded) + "\n"
     cat = _catalogue()
+    if fmt is OutputFormat.JSON:
+        docs = [_rule_dict(r) | _sources(r, None, cat) for r in chosen]
+        return json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, ensure_ascii=False) + "\n"
     parts = []
     for r in chosen:
-        if fmt == "markdown":
+        if fmt is OutputFormat.MARKDOWN:
             parts.append(rule_view.markdown_rule(r, _user_sources(r, cat)))
         elif verbose:
             parts.append(_author_view(r, cat))
         else:
             parts.append(rule_view.user_text(r, _user_sources(r, cat)))
-    click.echo("\n\n".join(p.rstrip("\n") for p in parts))
-    return exitcodes.OK
+    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
 
 
 def _author_view(r: Rule, cat: object) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bz2
 import codecs
 import gzip
+import importlib.util
 import io
 import lzma
 import os
@@ -30,7 +31,18 @@ from vllm_offload_doctor.errors import InputError
 
 BLOCK = 4 << 20
 MAX_LINE = 256 << 10
-LOG_SUFFIXES = (".log", ".txt", ".gz", ".bz2", ".xz", ".zst", ".out", ".err")
+
+def _has_zstd() -> bool:
+    try:
+        return importlib.util.find_spec("compression.zstd") is not None  # Python 3.14+
+    except ImportError:
+        return False
+
+
+# What a directory gives: a folder is never walked into a log this Python cannot read.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", *((".zst",) if _has_zstd() else ()))
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err", *COMPRESSED_SUFFIXES)
+FOLDER_GLOBS = ", ".join(f"*{s}" for s in LOG_SUFFIXES)
 GZIP_MAGIC = b"\x1f\x8b"
 BZ2_MAGIC = b"BZh"
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -66,7 +78,7 @@ def resolve_inputs(args: list[str]) -> tuple[list[Source], list[str]]:
                 if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES) and not doctor_artifact(p)
             )
             if not found:
-                errors.append(f"{arg}: directory holds no *.log, *.txt or compressed log files")
+                errors.append(f"{arg}: directory holds no log files ({FOLDER_GLOBS})")
             sources.extend(Source(str(p), p) for p in found)
         elif not path.exists():
             errors.append(f"{arg}: no such file")

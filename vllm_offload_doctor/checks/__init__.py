@@ -1,8 +1,9 @@
 """`check`'s preconditions for CPU weight offloading: one module per check, run in a fixed order.
 
 Each check reads the machine only through the `Probe` in its `Context`, never prints, and returns
-`CheckResult`s made with the `Result` it is given; `run_checks` runs them all and turns a crashing
-check into a SKIP. To add one: write `checks/<name>.py` whose docstring tells the user what it
+`CheckResult`s made with the `Result` it is given; `run_checks` runs them all: a probe that could not
+run (ProbeError, OSError) makes its check a SKIP, any other exception is a BUG of ours, shown with the link
+to report it. To add one: write `checks/<name>.py` whose docstring tells the user what it
 checks (`offload-doctor check --list -v` prints it), decorate `def check_<name>(ctx: Context, r:
 Result)` with `@register("<id>", "<Title>")`, add the module's name to `MODULES` below (that sets its
 place in the report), and test it in `tests/test_checks.py` through the `FakeProbe`. A new probe
@@ -51,8 +52,9 @@ def all_checks() -> tuple[Check, ...]:
 
 
 def run_checks(probe: Probe, options: Options) -> Report:
-    """Run every check; a check that crashes becomes a SKIP with the reason."""
+    """Run every check; one that cannot probe is a SKIP with the reason, one that crashes a BUG."""
     from vllm_offload_doctor.checks.context import Context
+    from vllm_offload_doctor.errors import ProbeError
 
     ctx = Context(probe, options)
     ctx.prefetch()
@@ -61,7 +63,9 @@ def run_checks(probe: Probe, options: Options) -> Report:
         r = check.result()
         try:
             out = check.fn(ctx, r)
-        except Exception as exc:
+        except (ProbeError, OSError) as exc:
             out = r.skip(f"could not check: {str(exc) or type(exc).__name__}")
+        except Exception as exc:
+            out = r.bug(exc)
         results.extend(out if isinstance(out, list) else [out])
     return Report(checks=tuple(results), facts=ctx.facts())

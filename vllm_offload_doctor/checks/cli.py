@@ -9,10 +9,13 @@ import click
 
 from vllm_offload_doctor.checks.render import RENDERERS
 from vllm_offload_doctor.common_cli import (
+    Output,
     color_option,
     complete_path,
     format_option,
-    resolve_color,
+    output_option,
+    quiet_option,
+    verbose_option,
 )
 from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
@@ -84,7 +87,9 @@ from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
     "markdown is a paste-ready block for a bug report (no secrets, user or host names).",
 )
 @color_option()
-@click.option("-v", "--verbose", is_flag=True, help="Show details and links for every check.")
+@output_option()
+@quiet_option()
+@verbose_option("Show details and links for every check (with --list: what each one tests).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option(
     "--list", "list_checks", is_flag=True, help="List the checks and what each one tests."
@@ -102,6 +107,8 @@ def check(
     port: int,
     fmt: OutputFormat,
     color: bool | None,
+    output: Path | None,
+    quiet: bool,
     verbose: bool,
     strict: bool,
     list_checks: bool,
@@ -114,17 +121,20 @@ def check(
     \b
     Examples:
       offload-doctor check                                # this machine and its vLLM
-      offload-doctor check --model /models/m --offload-gb 8   # will it fit?
-      offload-doctor check --python ~/vllm-env/bin/python # the vLLM of another venv
+      offload-doctor check --model MODEL_DIR --offload-gb 8    # will it fit?
+      offload-doctor check --python VLLM_PYTHON           # the vLLM of another venv
       offload-doctor check --format markdown              # a reply to paste into an issue
+      offload-doctor check --format json -o check.json    # saved for a script, text on screen
     """
     from vllm_offload_doctor.checks import Options, run_checks
     from vllm_offload_doctor.checks.render import render
     from vllm_offload_doctor.machine.modelsize import resolve_model
     from vllm_offload_doctor.machine.probes import RealProbe
 
+    out = Output(fmt, output, quiet=quiet, color=color)
     if list_checks:
-        click.echo(_list_checks(verbose))
+        out.report(lambda f, _color: _list_checks(verbose, f))
+        out.close()
         return 0
     if model is not None:
         resolve_model(model, os.environ, Path.home())  # a missing model is a usage error
@@ -141,17 +151,25 @@ def check(
         port=port,
     )
     report = run_checks(RealProbe(), options)
-    use_color = resolve_color(color)
-    # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
-    click.echo(render(report, fmt, verbose=verbose, color=use_color), color=use_color)
+    out.report(lambda f, c: render(report, f, verbose=verbose, color=c))
+    out.close()
     return report.exit_code(strict=strict)
 
 
-def _list_checks(verbose: bool) -> str:
-    """Each check's id and title; with -v, its module's documentation."""
+def _list_checks(verbose: bool, fmt: OutputFormat) -> str:
+    """Each check's id and title; with -v, its module's documentation (always, in JSON)."""
+    import json
+
     from vllm_offload_doctor.checks import all_checks
+    from vllm_offload_doctor.formats import SCHEMA_VERSION
 
     checks = all_checks()
+    if fmt is OutputFormat.JSON:
+        listed = [{"id": c.id, "title": c.title, "doc": c.doc} for c in checks]
+        return json.dumps({"schema_version": SCHEMA_VERSION, "checks": listed}, indent=2)
+    if fmt is OutputFormat.MARKDOWN:
+        rows = [f"| `{c.id}` | {c.title} | {(c.doc.splitlines() or [''])[0]} |" for c in checks]
+        return "\n".join(["| id | check | what it tests |", "|---|---|---|", *rows])
     width = max(len(c.id) for c in checks)
     lines: list[str] = []
     for c in checks:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
-from vllm_offload_doctor import __version__
+from vllm_offload_doctor import __version__, exitcodes
 from vllm_offload_doctor.formats import SCHEMA_VERSION
+from vllm_offload_doctor.links import DOCTOR_ISSUES
 
 
 class Status(StrEnum):
@@ -16,9 +19,10 @@ class Status(StrEnum):
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
+    BUG = "bug"  # the check itself crashed: a bug of the doctor, not a finding about the machine
 
 
-_RANK = {Status.OK: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2}
+_RANK = {Status.OK: 0, Status.SKIP: 0, Status.BUG: 0, Status.WARN: 1, Status.FAIL: 2}
 
 
 def worst(*statuses: Status) -> Status:
@@ -84,6 +88,20 @@ class Result:
     def skip(self, message: str, details: Iterable[str] = ()) -> CheckResult:
         return self.make(Status.SKIP, message, details)
 
+    def bug(self, exc: BaseException) -> CheckResult:
+        """The check crashed: say so, where, and where to report it."""
+        where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+        details = [f"raised at {Path(f.filename).name}:{f.lineno} in {f.name}" for f in where]
+        return self.make(
+            Status.BUG,
+            f"this check crashed ({type(exc).__name__}: {exc}): a bug of offload-doctor, "
+            "not a finding about this machine",
+            details,
+            remedy="Please report it with the output of `offload-doctor check --format "
+            f"markdown`: {DOCTOR_ISSUES}",
+            links=(DOCTOR_ISSUES,),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -111,13 +129,16 @@ class Report:
         return {s.value: sum(1 for c in self.checks if c.status is s) for s in Status}
 
     def exit_code(self, *, strict: bool = False) -> int:
-        """0: ok or warnings only; 1: a failure (or a warning with strict); 2: nothing checked."""
+        """0: ok or warnings only; 1: a failure (or a warning with strict); 3: a check crashed
+        (a bug of ours); 2: nothing checked."""
         counts = self.summary()
         if counts["fail"] or (strict and counts["warn"]):
-            return 1
+            return exitcodes.FOUND
+        if counts["bug"]:
+            return exitcodes.INTERNAL
         if not counts["ok"] and not counts["warn"]:
-            return 2
-        return 0
+            return exitcodes.USAGE
+        return exitcodes.OK
 
     def to_dict(self) -> dict[str, Any]:
         return {

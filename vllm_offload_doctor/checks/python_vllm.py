@@ -1,7 +1,9 @@
 """The Python that runs vLLM, and the vLLM version.
 
 `python`: the interpreter behind `vllm` on PATH (or `--python PATH`) against the installed vLLM's
-`Requires-Python`; without vLLM, against current vLLM's (>=3.11,<3.15).
+`Requires-Python`; without vLLM, against current vLLM's (>=3.11,<3.15). The line says how it was
+found. With no `vllm` on PATH, offload-doctor's own Python (a pipx or uv tool environment of its
+own) is not taken for vLLM's: it is neither passed nor told to `pip install vllm`.
 
 `vllm`: 0.12.0-0.27.1 silently ignore `--cpu-offload-gb` under Model Runner V2 (vLLM issue #51396,
 fixed in 0.28.0 by PR #51413). V2 is the default for dense models from 0.25 and for some
@@ -18,14 +20,35 @@ from vllm_offload_doctor.checks.context import Context
 from vllm_offload_doctor.checks.model import CheckResult, Result, Status
 from vllm_offload_doctor.checks.registry import register
 from vllm_offload_doctor.links import MRV2, PR_MRV2_FIX
+from vllm_offload_doctor.machine.probes import InterpreterInfo
 
 CURRENT_REQUIRES_PYTHON = ">=3.11,<3.15"  # vLLM 0.32 and 0.33
+
+
+def found_by(it: InterpreterInfo) -> str:
+    """How the interpreter was chosen, in a few words for the check's line."""
+    if it.source == "--python":
+        return "--python"
+    if it.source.startswith("shebang of "):
+        return "behind `vllm` on PATH"
+    return "offload-doctor's own"
+
+
+def own_without_vllm(it: InterpreterInfo) -> bool:
+    """The doctor's own interpreter, with no vLLM: nothing here is vLLM's to judge."""
+    return it.own and not it.error and not it.vllm_version
 
 
 @register("python", "Python")
 def check_python(ctx: Context, r: Result) -> CheckResult:
     it = ctx.interpreter
     details = (f"interpreter: {it.executable}", f"chosen by: {it.source}")
+    if own_without_vllm(it):
+        return r.skip(
+            "no vLLM interpreter found: no `vllm` on PATH, and offload-doctor's own Python "
+            "has no vLLM (pass vLLM's with --python)",
+            details,
+        )
     if it.error or not it.python_version:
         return r.fail(
             f"cannot query {it.executable}: {it.error}",
@@ -33,27 +56,20 @@ def check_python(ctx: Context, r: Result) -> CheckResult:
             remedy="Pass the interpreter that runs vLLM with --python PATH.",
         )
     spec_text = it.vllm_requires_python
+    name = f"Python {it.python_version} ({found_by(it)})"
     if it.vllm_version and not spec_text:
-        return r.ok(
-            f"Python {it.python_version} (vLLM {it.vllm_version} declares no Requires-Python)",
-            details,
-        )
+        return r.ok(f"{name}: vLLM {it.vllm_version} declares no Requires-Python", details)
     who = f"vLLM {it.vllm_version}" if it.vllm_version else "current vLLM (0.32/0.33)"
     spec_text = spec_text or CURRENT_REQUIRES_PYTHON
     try:
         fits = Version(it.python_version) in SpecifierSet(spec_text)
     except (InvalidSpecifier, InvalidVersion):
-        return r.warn(
-            f"Python {it.python_version}; cannot read {who}'s Requires-Python {spec_text!r}",
-            details,
-        )
+        return r.warn(f"{name}; cannot read {who}'s Requires-Python {spec_text!r}", details)
     if fits:
-        return r.ok(
-            f"Python {it.python_version} meets {who}'s Requires-Python {spec_text}", details
-        )
+        return r.ok(f"{name} meets {who}'s Requires-Python {spec_text}", details)
     return r.make(
         Status.FAIL if it.vllm_version else Status.WARN,
-        f"Python {it.python_version} is outside {who}'s Requires-Python {spec_text}",
+        f"{name} is outside {who}'s Requires-Python {spec_text}",
         details,
         remedy="Create a virtual environment with a supported Python (3.11-3.14 for vLLM 0.32+).",
     )
@@ -64,10 +80,18 @@ def check_vllm(ctx: Context, r: Result) -> CheckResult:
     it = ctx.interpreter
     if it.error:
         return r.skip("the interpreter could not be queried")
+    if own_without_vllm(it):
+        return r.fail(
+            "vLLM not found: no `vllm` on PATH (offload-doctor's own Python is not vLLM's)",
+            (f"offload-doctor runs on {it.executable}",),
+            remedy="Activate vLLM's environment, or pass its interpreter with --python "
+            "/path/to/vllm-venv/bin/python (vLLM belongs in an environment of its own).",
+        )
     if not it.vllm_version:
         return r.fail(
             f"vLLM is not installed for {it.executable}",
-            remedy="pip install vllm (or pass the interpreter that has it with --python).",
+            remedy=f"{it.executable} -m pip install vllm (or pass the interpreter that has it "
+            "with --python).",
         )
     details = (f"vllm {it.vllm_version}", f"torch {it.torch_version or 'not installed'}")
     version = ctx.vllm_version

@@ -10,13 +10,27 @@ from vllm_offload_doctor.color import paint
 from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.redact import redact
 
-GLYPHS = {Status.OK: "[✓]", Status.WARN: "[!]", Status.FAIL: "[✗]", Status.SKIP: "[-]"}
-_COLORS = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.SKIP: "dim"}
+# A crashed check is flutter doctor's [☠]: ours to fix, not the machine's.
+GLYPHS = {
+    Status.OK: "[✓]",
+    Status.WARN: "[!]",
+    Status.FAIL: "[✗]",
+    Status.SKIP: "[-]",
+    Status.BUG: "[☠]",
+}
+_COLORS = {
+    Status.OK: "green",
+    Status.WARN: "yellow",
+    Status.FAIL: "red",
+    Status.SKIP: "dim",
+    Status.BUG: "red",
+}
 _MD_STATUS = {
     Status.OK: "✅ ok",
     Status.WARN: "⚠️ warn",
     Status.FAIL: "❌ fail",
     Status.SKIP: "➖ skip",
+    Status.BUG: "☠️ bug",
 }
 
 
@@ -27,6 +41,8 @@ def _paint(text: str, status: Status, color: bool) -> str:
 def summary_line(report: Report) -> str:
     counts = report.summary()
     tail = f"{counts['ok']} ok, {counts['skip']} skipped"
+    if counts["bug"]:
+        tail += f", {counts['bug']} crashed"
     if counts["fail"] or counts["warn"]:
         issues = counts["fail"] + counts["warn"]
         return (
@@ -34,6 +50,8 @@ def summary_line(report: Report) -> str:
             f"{counts['fail']} failed, {counts['warn']} warning{'s' if counts['warn'] != 1 else ''}"
             f" ({tail})."
         )
+    if counts["bug"]:
+        return f"☠ No issues found, but a check crashed: a bug of offload-doctor ({tail})."
     return f"• No issues found! ({tail})"
 
 
@@ -47,7 +65,7 @@ def render_text(report: Report, *, verbose: bool = False, color: bool = False) -
         lines.append(f"{_paint(GLYPHS[c.status], c.status, color)} {c.title}: {c.message}")
         if verbose:
             lines.extend(f"    • {d}" for d in c.details)
-        if c.remedy and c.status in (Status.WARN, Status.FAIL):
+        if c.remedy and c.status in (Status.WARN, Status.FAIL, Status.BUG):
             lines.append(f"    → {c.remedy}")
         if verbose:
             lines.extend(f"    • {link}" for link in c.links)

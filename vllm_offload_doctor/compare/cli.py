@@ -5,17 +5,26 @@ The report goes to stdout in the chosen --format, progress to stderr.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import click
 
 from vllm_offload_doctor.common_cli import (
+    Output,
     color_option,
     complete_path,
     format_option,
-    resolve_color,
+    output_option,
+    quiet_option,
+    verbose_option,
 )
 from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
 from vllm_offload_doctor.compare.render import RENDERERS
 from vllm_offload_doctor.formats import OutputFormat
+
+if TYPE_CHECKING:
+    from vllm_offload_doctor.compare.config import CompareConfig
 
 
 @click.command(
@@ -154,6 +163,9 @@ from vllm_offload_doctor.formats import OutputFormat
 )
 @format_option(RENDERERS, "Report format on stdout (progress goes to stderr).")
 @color_option()
+@output_option()
+@quiet_option()
+@verbose_option("Print the exact commands and request on stderr before the run.")
 @click.option("--dry-run", is_flag=True, help="Print the exact commands and request; run nothing.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def compare(
@@ -181,6 +193,9 @@ def compare(
     tensor_parallel_size: int | None,
     fmt: OutputFormat,
     color: bool | None,
+    output: Path | None,
+    quiet: bool,
+    verbose: bool,
     dry_run: bool,
     vllm_args: tuple[str, ...],
 ) -> int:
@@ -206,15 +221,14 @@ def compare(
       offload-doctor compare --model Qwen/Qwen3-0.6B --offload-gb 0.5
       offload-doctor compare --offload-gb 0.25 --offload-gb 0.5 --offload-gb 1
       offload-doctor compare --dry-run                   # print the commands only
+      offload-doctor compare -q --format json -o ab.json # the report in a file, no output
       offload-doctor compare -- --enforce-eager          # extra `vllm serve` flags
     """
-    import json
     import shlex
     import sys
-    from pathlib import Path
 
     from vllm_offload_doctor import exitcodes
-    from vllm_offload_doctor.compare.artifacts import commands_data, commands_text, default_out_dir
+    from vllm_offload_doctor.compare.artifacts import commands_text, default_out_dir
     from vllm_offload_doctor.compare.config import (
         DEFAULT_MAX_MODEL_LEN,
         DEFAULT_PROMPT,
@@ -224,7 +238,7 @@ def compare(
     )
     from vllm_offload_doctor.compare.run import CompareRun
     from vllm_offload_doctor.compare.server import Terminated, sigterm_as_interrupt
-    from vllm_offload_doctor.formats import SCHEMA_VERSION
+    from vllm_offload_doctor.errors import Interrupted
 
     extra, own = absorb_passthrough(
         with_tensor_parallel(list(vllm_args), tensor_parallel_size),
@@ -255,31 +269,39 @@ def compare(
         force=force,
     )
     cfg.validate()
+    out = Output(fmt, output, quiet=quiet, color=color)
     if dry_run:
-        # A dry run answers in the format asked for, like the run itself.
-        if fmt is OutputFormat.JSON:
-            doc = {"schema_version": SCHEMA_VERSION, **commands_data(cfg, cfg.fix_env())}
-            click.echo(json.dumps(doc, ensure_ascii=False, indent=2))
-        elif fmt is OutputFormat.MARKDOWN:
-            click.echo(f"```bash\n{commands_text(cfg, cfg.fix_env())}```")
-        else:
-            click.echo(commands_text(cfg, cfg.fix_env()), nl=False)
+        out.report(lambda f, _color: _dry_run(cfg, f))
+        out.close()
         return exitcodes.OK
     cfg.check_model()
     cfg.check_command()
+    if verbose and not quiet:
+        click.echo(commands_text(cfg, cfg.fix_env()), nl=False, err=True)
 
-    run = CompareRun(cfg, progress=sys.stderr)
+    run = CompareRun(cfg, progress=None if quiet else sys.stderr)
     try:
         with sigterm_as_interrupt():
             status = run.execute()
     except Terminated:
-        click.echo(f"offload-doctor: terminated; partial report in {cfg.out_dir}", err=True)
-        return exitcodes.TERMINATED
+        raise Interrupted(f"terminated; partial report in {cfg.out_dir}", sigterm=True) from None
     except KeyboardInterrupt:
-        click.echo(f"offload-doctor: interrupted; partial report in {cfg.out_dir}", err=True)
-        return exitcodes.INTERRUPTED
-    use_color = resolve_color(color)
-    # click.echo strips styles off a non-tty unless told: --color must work in a pipe.
-    text = RENDERERS[fmt](run.report, str(cfg.out_dir), color=use_color)
-    click.echo(text, nl=False, color=use_color)
+        raise Interrupted(f"interrupted; partial report in {cfg.out_dir}") from None
+    out.report(lambda f, c: RENDERERS[f](run.report, str(cfg.out_dir), color=c), nl=False)
+    out.close()
     return status
+
+
+def _dry_run(cfg: CompareConfig, fmt: OutputFormat) -> str:
+    """A dry run answers in the format asked for, like the run itself."""
+    import json
+
+    from vllm_offload_doctor.compare.artifacts import commands_data, commands_text
+    from vllm_offload_doctor.formats import SCHEMA_VERSION
+
+    if fmt is OutputFormat.JSON:
+        doc = {"schema_version": SCHEMA_VERSION, **commands_data(cfg, cfg.fix_env())}
+        return json.dumps(doc, ensure_ascii=False, indent=2)
+    if fmt is OutputFormat.MARKDOWN:
+        return f"```bash\n{commands_text(cfg, cfg.fix_env())}```"
+    return commands_text(cfg, cfg.fix_env()).removesuffix("\n")

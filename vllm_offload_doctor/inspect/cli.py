@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
 
 from vllm_offload_doctor import exitcodes
-from vllm_offload_doctor.common_cli import format_option
+from vllm_offload_doctor.common_cli import (
+    Output,
+    format_option,
+    output_option,
+    quiet_option,
+    verbose_option,
+)
 from vllm_offload_doctor.errors import DoctorError
 from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.inspect.decide import decide
@@ -142,6 +149,9 @@ def _link(facts: ServerFacts, gpus: list[Gpu]) -> tuple[int | None, int | None]:
 )
 @click.option("--no-http", is_flag=True, help="Do not query /v1/models, /version, /metrics.")
 @format_option(RENDERERS)
+@output_option()
+@quiet_option()
+@verbose_option("Name on stderr each process read (server and ranks).")
 def inspect(
     pid: int | None,
     port: int | None,
@@ -149,6 +159,9 @@ def inspect(
     api_key: str | None,
     no_http: bool,
     fmt: OutputFormat,
+    output: Path | None,
+    quiet: bool,
+    verbose: bool,
 ) -> int:
     """Is --cpu-offload-gb in effect on a running vLLM server? (read-only, no restart)
 
@@ -160,11 +173,18 @@ def inspect(
       offload-doctor inspect                        # every vllm serve of this user here
       offload-doctor inspect --port 8000 --format json
       offload-doctor inspect 12345                  # the server tree of that pid
+      offload-doctor inspect --format json -o inspect.json
     """
     if sum(x is not None for x in (pid, port, url)) > 1:
         raise click.UsageError("give at most one of PID, --port, --url")
     results = inspect_servers(RealSource(), pid, port, url, api_key, http=not no_http)
-    click.echo(RENDERERS[fmt](results), nl=False)
+    if verbose and not quiet:
+        for r in results:
+            ranks = ", ".join(f"{k.pid} ({k.process})" for k in r.ranks) or "no ranks"
+            click.echo(f"offload-doctor: read server pid {r.server.pid}: {ranks}", err=True)
+    out = Output(fmt, output, quiet=quiet)
+    out.report(lambda f, _color: RENDERERS[f](results), nl=False)
+    out.close()
     return max(EXIT[r.verdict] for r in results)
 
 

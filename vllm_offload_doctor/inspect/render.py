@@ -6,7 +6,7 @@ import json
 import shlex
 from collections.abc import Callable
 
-from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.formats import SCHEMA_VERSION, OutputFormat
 from vllm_offload_doctor.inspect.model import Inspection, Verdict
 from vllm_offload_doctor.redact import scrub_argv
 
@@ -73,7 +73,7 @@ def render_json(results: list[Inspection]) -> str:
         d = ins.to_dict()
         d["server"]["cmdline"] = scrub_argv(ins.server.cmdline)
         items.append(d)
-    return json.dumps({"servers": items}, indent=2) + "\n"
+    return json.dumps({"schema_version": SCHEMA_VERSION, "servers": items}, indent=2) + "\n"
 
 
 def render_markdown(results: list[Inspection]) -> str:

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -47,6 +47,8 @@ class InterpreterInfo:
     vllm_requires_python: str | None = None
     torch_version: str | None = None
     error: str | None = None  # the interpreter could not be run or did not answer
+    # The doctor's own interpreter, taken for want of `vllm` on PATH: vLLM's only if it has vLLM.
+    own: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,8 @@ class RealProbe:
 
     def interpreter(self, python: str | None) -> InterpreterInfo:
         executable, source = find_interpreter(python)
-        return read_interpreter(executable, source)
+        info = read_interpreter(executable, source)
+        return replace(info, own=source.startswith(OWN_SOURCE))
 
     def nvml(self) -> NvmlInfo:
         return read_nvml()
@@ -194,8 +197,15 @@ print(json.dumps({'python': '%d.%d.%d' % tuple(sys.version_info[:3]), 'vllm': v(
 """
 
 
+OWN_SOURCE = "this interpreter"
+
+
 def find_interpreter(python: str | None) -> tuple[str, str]:
-    """The interpreter that runs vLLM: --python, else the shebang of `vllm` on PATH."""
+    """The interpreter that runs vLLM: --python, else the shebang of `vllm` on PATH.
+
+    From a pipx or uv tool install the doctor's own Python is private and never vLLM's: `vllm` on
+    PATH is how vLLM's is found; only without it does the answer fall back to this interpreter.
+    """
     if python:
         return python, "--python"
     script = shutil.which("vllm")
@@ -203,8 +213,8 @@ def find_interpreter(python: str | None) -> tuple[str, str]:
         interp = shebang_interpreter(Path(script))
         if interp:
             return interp, f"shebang of {script}"
-        return sys.executable, f"this interpreter ({script} has no readable shebang)"
-    return sys.executable, "this interpreter (no vllm on PATH)"
+        return sys.executable, f"{OWN_SOURCE} ({script} has no readable shebang)"
+    return sys.executable, f"{OWN_SOURCE} (no vllm on PATH)"
 
 
 def shebang_interpreter(script: Path) -> str | None:
