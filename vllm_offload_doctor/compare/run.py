@@ -235,7 +235,8 @@ class CompareRun:
             size = inspect_model(self.cfg.model, os.environ, Path.home())
         except (DoctorError, OSError, ValueError):
             return FitInputs(None, util, mml)
-        return FitInputs(size.total_bytes / 2**30 / self.cfg.tensor_parallel_size(), util, mml)
+        tp = self.cfg.tensor_parallel_size()
+        return FitInputs(size.total_bytes / 2**30 / tp, util, mml, size.shape, tp)
 
     def _verify(
         self, base: ModeResult, comps: list[Comparison]
