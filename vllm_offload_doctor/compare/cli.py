@@ -13,7 +13,11 @@ from vllm_offload_doctor.common_cli import (
     format_option,
     resolve_color,
 )
-from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
+from vllm_offload_doctor.compare.config import (
+    DEFAULT_MODEL,
+    DEFAULT_TIMEOUT_S,
+    TIMEOUT_PER_OFFLOADED_S,
+)
 from vllm_offload_doctor.compare.render import RENDERERS
 from vllm_offload_doctor.formats import OutputFormat
 
@@ -63,7 +67,9 @@ from vllm_offload_doctor.formats import OutputFormat
     default=None,
     help="Context length of every mode (default 2048; also accepted after `--`).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address each `vllm serve` binds.")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address each `vllm serve` binds."
+)
 @click.option(
     "--port", type=int, default=8000, show_default=True, help="Port each `vllm serve` listens on."
 )
@@ -103,9 +109,10 @@ from vllm_offload_doctor.formats import OutputFormat
     "--timeout",
     "timeout_s",
     type=float,
-    default=DEFAULT_TIMEOUT_S,
-    show_default=True,
-    help="Seconds each mode may take to become ready (a failing load ends the mode at once).",
+    default=None,
+    help=f"Seconds each mode may take to become ready (a failing load ends the mode at once) "
+    f"[default: {DEFAULT_TIMEOUT_S:g}, plus {TIMEOUT_PER_OFFLOADED_S:.1f} s per offloaded GiB: "
+    "pinning adds about X / 0.6 s].",
 )
 @click.option(
     "--request-timeout",
@@ -152,6 +159,12 @@ from vllm_offload_doctor.formats import OutputFormat
     help="GPUs per mode, passed to every `vllm serve` (also accepted after `--`); "
     "--offload-gb is then a budget per GPU.",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Stop before any server starts when the preflight finds the host cannot hold an "
+    "offload mode (exit 2).",
+)
 @format_option(RENDERERS, "Report format on stdout (progress goes to stderr).")
 @color_option()
 @click.option("--dry-run", is_flag=True, help="Print the exact commands and request; run nothing.")
@@ -172,13 +185,14 @@ def compare(
     max_tokens: int,
     stream: bool,
     vllm_cmd: str,
-    timeout_s: float,
+    timeout_s: float | None,
     request_timeout_s: float,
     grace_s: float,
     out_dir: str | None,
     force: bool,
     verify_fix: bool,
     tensor_parallel_size: int | None,
+    strict: bool,
     fmt: OutputFormat,
     color: bool | None,
     dry_run: bool,
@@ -253,6 +267,7 @@ def compare(
         grace_s=grace_s,
         verify_fix=verify_fix,
         force=force,
+        strict=strict,
     )
     cfg.validate()
     if dry_run:
