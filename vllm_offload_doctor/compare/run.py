@@ -1,8 +1,9 @@
 """CompareRun: each mode in turn (start, wait, measure, stop, analyse), the report kept on disk.
 
-A server log is written raw into a private temporary folder (only this run opens it), analysed
-there, and saved into the run folder scrubbed of secrets; the raw copy is then deleted (and the
-folder of a run that was killed is swept by the next run).
+A server log is written raw into a private temporary folder (only this run opens it), copied
+scrubbed into the run folder as it grows (a killed doctor leaves it there), analysed, and saved
+whole and scrubbed at the mode's end; the raw copy is then deleted (and the folder of a run that
+was killed is swept by the next run).
 """
 
 from __future__ import annotations
@@ -376,6 +377,9 @@ class CompareRun:
         if self.host_probe is None:
             self.host_probe = RealHostProbe()
         sampler = HostSampler(self.host_probe, lambda: srv.pid)
+        from vllm_offload_doctor.compare.logmirror import LogMirror
+
+        mirror = LogMirror(raw_log, self.out / mode.log)
 
         def tick(elapsed: float) -> None:
             nonlocal mode
@@ -388,6 +392,7 @@ class CompareRun:
                 self.write()
 
         try:
+            mirror.start()
             try:
                 srv.start()
             except OSError as exc:
@@ -423,6 +428,7 @@ class CompareRun:
         finally:
             if prog:
                 prog.done()
+            mirror.stop()
             mode = self._finish_mode(mode, srv, raw_log, sampler)
             self._put_mode(mode, idx)
             if prog and mode.stop:
