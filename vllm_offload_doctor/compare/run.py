@@ -333,7 +333,7 @@ class CompareRun:
     def run_mode(
         self, i: int, n: int, gb: float, role: Role, env: dict[str, str] | None = None
     ) -> ModeResult:
-        from vllm_offload_doctor.compare.progress import LogFollower, Progress
+        from vllm_offload_doctor.compare.progress import LogFollower, Progress, RequestProgress
         from vllm_offload_doctor.compare.server import ServerProcess
         from vllm_offload_doctor.machine.ports import probe_port
 
@@ -403,7 +403,9 @@ class CompareRun:
             if res.ready:
                 if prog:
                     prog.line(f"ready in {res.startup_s:.1f} s; measuring")
-                served = measure(srv, cfg, key)
+                served = measure(srv, cfg, key, RequestProgress(prog) if prog else None)
+                if prog:
+                    prog.done()
                 ok = served.latency.ok > 0
                 mode = replace(
                     mode,
