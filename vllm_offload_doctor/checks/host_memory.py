@@ -92,7 +92,12 @@ def check_host_memory(ctx: Context, r: Result) -> CheckResult:
             "CUDA pinned allocations are usually not bound by it. If pinning fails, raise it "
             "(`ulimit -l unlimited`, `docker run --ulimit memlock=-1`)"
         )
-    return r.ok(f"{need}, {gib(available)} available", details, links=links, data=data)
+    return r.ok(
+        f"{need}, {gib(available)} available; start-up about {load_s:.0f} s longer",
+        details,
+        links=links,
+        data=data,
+    )
 
 
 def _may_double(ctx: Context) -> bool:
