@@ -213,7 +213,8 @@ def compare(
 
     \b
     Exit status: 0 offload took effect; 1 ignored, a mode failed or inconclusive;
-    2 usage or environment error; 130 interrupted (143 on SIGTERM).
+    2 usage or environment error; 130 interrupted (143 on SIGTERM, 129 SIGHUP,
+    131 SIGQUIT).
 
     \b
     Examples:
@@ -287,9 +288,9 @@ def compare(
     try:
         with sigterm_as_interrupt():
             status = run.execute()
-    except Terminated:
+    except Terminated as exc:
         click.echo(f"offload-doctor: terminated; partial report in {cfg.out_dir}", err=True)
-        return exitcodes.TERMINATED
+        return 128 + int(exc.signum)  # 143 on SIGTERM, 129 on SIGHUP, 131 on SIGQUIT
     except KeyboardInterrupt:
         click.echo(f"offload-doctor: interrupted; partial report in {cfg.out_dir}", err=True)
         return exitcodes.INTERRUPTED
