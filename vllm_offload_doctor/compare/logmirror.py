@@ -36,6 +36,11 @@ class LogMirror:
             self._fd = os.open(
                 self.dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644
             )
+        except FileExistsError:
+            raise WriteError(
+                f"cannot write {self.dest}: it already exists (a link or another run's log); "
+                "give each run its own --out"
+            ) from None
         except OSError as exc:
             raise WriteError(f"cannot write {self.dest}: {exc.strerror or exc}") from exc
         self._thread.start()

@@ -1,0 +1,67 @@
+"""No write through a planted link: every file compare writes is opened new (O_EXCL|O_NOFOLLOW)
+or renamed into place, and an --out that is a link is refused."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_offload_doctor.compare.artifacts import WriteError, atomic_write, save_scrubbed_log
+from vllm_offload_doctor.compare.config import CompareConfig
+from vllm_offload_doctor.compare.logmirror import LogMirror
+from vllm_offload_doctor.compare.run import CompareRun
+
+FAKE = Path(__file__).resolve().parent / "fake-vllm"
+
+
+def victim(tmp_path: Path) -> Path:
+    v = tmp_path / "victim.txt"
+    v.write_text("precious\n")
+    return v
+
+
+def test_atomic_write_never_writes_through_a_link_at_its_temporary_name(tmp_path: Path) -> None:
+    v = victim(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f".report.json.tmp-{os.getpid()}").symlink_to(v)
+    (out / "report.json").symlink_to(v)  # and at the name itself: the link is replaced
+    atomic_write(out / "report.json", "{}")
+    assert v.read_text() == "precious\n"
+    assert (out / "report.json").read_text() == "{}" and not (out / "report.json").is_symlink()
+
+
+def test_a_saved_log_never_goes_through_a_link(tmp_path: Path) -> None:
+    v = victim(tmp_path)
+    raw = tmp_path / "raw.log"
+    raw.write_text("INFO token hf_QpWoEiRuTyAlSkDjFhGzXmCnVb3141592653\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f".mode-0.log.tmp-{os.getpid()}").symlink_to(v)
+    (out / "mode-0.log").symlink_to(v)
+    save_scrubbed_log(raw, out / "mode-0.log")
+    assert v.read_text() == "precious\n"
+    saved = (out / "mode-0.log").read_text()
+    assert "INFO token" in saved and "3141592653" not in saved
+
+
+def test_the_live_log_copy_refuses_a_planted_link(tmp_path: Path) -> None:
+    v = victim(tmp_path)
+    (tmp_path / "mode-0.log").symlink_to(v)
+    with pytest.raises(WriteError, match="already exists"):
+        LogMirror(tmp_path / "raw.log", tmp_path / "mode-0.log").start()
+    assert v.read_text() == "precious\n"
+
+
+def test_an_out_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "someone-else"
+    real.mkdir()
+    (tmp_path / "out").symlink_to(real)
+    cfg = CompareConfig(vllm_cmd=[sys.executable, str(FAKE)], out_dir=tmp_path / "out")
+    with pytest.raises(WriteError, match="symbolic link"):
+        CompareRun(cfg, progress=io.StringIO()).execute()
+    assert list(real.iterdir()) == []
