@@ -65,3 +65,58 @@ def test_an_out_that_is_a_link_is_refused(tmp_path: Path) -> None:
     with pytest.raises(WriteError, match="symbolic link"):
         CompareRun(cfg, progress=io.StringIO()).execute()
     assert list(real.iterdir()) == []
+
+
+def test_report_json_is_there_from_the_first_moment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed before its first mode starts still leaves a readable report.json."""
+    import json
+
+    from vllm_offload_doctor.compare import artifacts
+
+    seen: list[dict[str, object]] = []
+
+    def sweep(tmp: Path) -> None:  # the first thing after the folder is claimed
+        seen.append(json.loads((tmp_path / "out" / "report.json").read_text()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(artifacts, "sweep_raw_dirs", sweep)
+    cfg = CompareConfig(vllm_cmd=[sys.executable, str(FAKE)], out_dir=tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        CompareRun(cfg, progress=io.StringIO()).execute()
+    assert seen and seen[0]["complete"] is False and seen[0]["modes"] == []
+
+
+def test_report_json_shows_a_ready_mode_while_it_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import socket
+
+    from vllm_offload_doctor.compare import run as run_mod
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    real = run_mod.measure
+    seen: list[dict[str, object]] = []
+
+    def measure(*args: object, **kw: object) -> object:
+        seen.append(json.loads((tmp_path / "out" / "report.json").read_text())["modes"][-1])
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run_mod, "measure", measure)
+    monkeypatch.setenv("FAKE_VLLM_SCENARIO", "effective")
+    cfg = CompareConfig(
+        vllm_cmd=[sys.executable, str(FAKE)],
+        model="/tmp/model",
+        port=port,
+        repeats=1,
+        warmup=0,
+        grace_s=2,
+        out_dir=tmp_path / "out",
+    )
+    CompareRun(cfg, progress=io.StringIO()).execute()
+    assert [m["status"] for m in seen] == ["starting", "starting"]
+    assert all(isinstance(m.get("startup_s"), float) for m in seen)  # saved before measuring

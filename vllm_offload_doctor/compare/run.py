@@ -152,6 +152,7 @@ class CompareRun:
 
     def execute(self) -> int:
         with art.claim(self.out, force=self.cfg.force):
+            self.write()  # a report from the first moment: a SIGKILL at any time leaves one
             try:
                 art.sweep_raw_dirs(Path(tempfile.gettempdir()))
                 self._raw_dir = Path(tempfile.mkdtemp(prefix=art.raw_dir_prefix()))
@@ -400,6 +401,8 @@ class CompareRun:
             sampler.start()
             res = srv.wait_ready(cfg.timeout_for(gb), on_tick=tick)
             mode = replace(mode, startup_s=round(res.startup_s, 2), phase=follower.poll())
+            self._put_mode(mode, idx)
+            self.write()  # readiness is a state a killed run should still show
             if res.ready:
                 if prog:
                     prog.line(f"ready in {res.startup_s:.1f} s; measuring")
