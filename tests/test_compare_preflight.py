@@ -138,3 +138,19 @@ def test_without_strict_the_run_goes_on_after_saying_so(tmp_path: Path) -> None:
         n.startswith("host memory, offload 100000 GiB: budget") for n in report["verdict"]["notes"]
     )
     assert "Preflight: host:" in proc.stdout
+
+
+def test_every_report_format_shows_the_preflight() -> None:
+    from vllm_offload_doctor.compare.html import render_compare_html
+    from vllm_offload_doctor.compare.model import CompareReport
+    from vllm_offload_doctor.compare.render import render_markdown, render_text
+    from vllm_offload_doctor.compare.run import report_config
+
+    c = cfg(112)
+    pre = run_preflight(c, Machine(), model_size=_no_model)
+    report = CompareReport("t", "now", report_config(c), {}, preflight=pre.to_dict())
+    again = CompareReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    line = "offload 112 GiB: host needs ~126-143 GiB, does not fit"
+    assert f"Preflight: {line}" in render_text(again)
+    assert f"- {line}" in render_markdown(again)
+    assert line in render_compare_html(again)
