@@ -738,6 +738,13 @@ def test_no_gpu_plan_prices_a_token_on_pcie_gen4_and_gen5() -> None:
     assert result.data["longest_max_model_len_without_offload"] == 0  # 140 GiB of weights
 
 
+def test_the_offload_given_is_the_one_priced() -> None:
+    probe = FakeProbe(model=BIG, nvml_info=NvmlInfo(error="no driver"))
+    result = one("fit", probe, model="m", max_model_len=CTX, gpu_memory_gib=80, offload_gb=80)
+    assert result.data is not None and result.data["priced_offload_gib"] == 80
+    assert any("each generated token reads 80 GiB over the link" in d for d in result.details)
+
+
 def test_link_gbs_prices_a_token_on_the_stated_link() -> None:
     probe = FakeProbe(model=BIG, nvml_info=NvmlInfo(error="no driver"))
     result = one("fit", probe, model="m", max_model_len=CTX, gpu_memory_gib=80, link_gbs=50)

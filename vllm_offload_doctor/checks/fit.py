@@ -171,6 +171,7 @@ def _plan_data(ctx: Context, size: ModelSize, p: FitPlan, total: float | None) -
         "host_need_gib": None,
         "longest_max_model_len_without_offload": None,
         "per_token_cost_ms": {},
+        "priced_offload_gib": offload or None,  # the offload the host need and costs are for
     }
     if offload > 0:
         b = host_budget(offload, n)
@@ -216,9 +217,8 @@ def _plan_extras(data: dict[str, Any]) -> list[str]:
         )
     costs = data["per_token_cost_ms"]
     if costs:
-        offload = data["min_offload_gib"] if data["min_offload_gib"] else None
         each = ", ".join(f"{ms:g} ms on {name}" for name, ms in costs.items())
-        what = f"{offload} GiB" if offload else "the offload"
+        what = f"{data['priced_offload_gib']:g} GiB"
         out.append(
             f"each generated token reads {what} over the link: at least {each} "
             f"({PRACTICAL_FRACTION:.0%} of the link rate)"
