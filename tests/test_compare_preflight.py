@@ -22,9 +22,9 @@ from vllm_offload_doctor.machine.probes import GpuInfo, HostMemory, NvmlInfo, Pl
 FAKE = Path(__file__).resolve().parent / "fake-vllm"
 LINUX = PlatformInfo("Linux", "6.8.0", "x86_64", False)
 WSL = PlatformInfo("Linux", "5.15.153.1-microsoft-standard-WSL2", "x86_64", True)
-# The H200 host of the corpus log H-015: 112 GiB offloaded there was killed by the OOM killer,
-# 100 served at a 122.9 G peak.
-H200_HOST = HostMemory(int(125.8 * GIB), int(124 * GIB), 0, 0)
+# The H200 host of the corpus log H-015 (`free -m` there: 128868 total, 128399 available): 112 GiB
+# offloaded was killed by the OOM killer, 100 served at a 122.9 G peak.
+H200_HOST = HostMemory(128868 << 20, 128399 << 20, 0, 0)
 H200 = GpuInfo(0, "NVIDIA H200", (9, 0), int(139.8 * GIB), int(139 * GIB))
 
 
