@@ -154,3 +154,34 @@ def test_every_report_format_shows_the_preflight() -> None:
     assert f"Preflight: {line}" in render_text(again)
     assert f"- {line}" in render_markdown(again)
     assert line in render_compare_html(again)
+
+
+def test_each_mode_waits_the_timeout_of_its_own_offload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The offload mode that never gets ready is given up on at default + its offload's share."""
+    import socket
+
+    from vllm_offload_doctor.compare import config
+
+    monkeypatch.setattr(config, "DEFAULT_TIMEOUT_S", 4.0)
+    monkeypatch.setattr(config, "TIMEOUT_PER_OFFLOADED_S", 3.0)
+    monkeypatch.setenv("FAKE_VLLM_SCENARIO", "hang")  # the offload mode never gets ready
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    c = CompareConfig(
+        vllm_cmd=[sys.executable, str(FAKE)],
+        model="/tmp/model",
+        offload_gb=[0.5],
+        port=port,
+        repeats=1,
+        warmup=0,
+        grace_s=2,
+        out_dir=tmp_path / "run",
+    )
+    r = CompareRun(c, progress=io.StringIO(), machine=Machine())
+    r.execute()
+    off = r.report.modes[1]
+    assert off.status == "timeout"
+    assert off.reason == "not ready after 5.5 s (--timeout)"  # 4 + 3 x 0.5
