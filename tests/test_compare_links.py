@@ -120,3 +120,23 @@ def test_report_json_shows_a_ready_mode_while_it_is_measured(
     CompareRun(cfg, progress=io.StringIO()).execute()
     assert [m["status"] for m in seen] == ["starting", "starting"]
     assert all(isinstance(m.get("startup_s"), float) for m in seen)  # saved before measuring
+
+
+def test_the_live_log_copy_masks_whole_lines_as_they_come(tmp_path: Path) -> None:
+    from vllm_offload_doctor.compare import logmirror
+
+    raw, dest = tmp_path / "raw.log", tmp_path / "mode-0.log"
+    token = "hf_QpWoEiRuTyAlSkDjFhGzXmCnVb3141592653"
+    mirror = LogMirror(raw, dest, every_s=3600)  # copied by hand below
+    mirror.start()
+    bulk = "".join(f"INFO line {i} {'x' * 100}\n" for i in range(2 * logmirror.CHUNK // 100))
+    raw.write_text(bulk + f"INFO token {token}\nINFO half a li")
+    mirror.copy()
+    text = dest.read_text()
+    assert text.startswith("INFO line 0 ") and "INFO token " in text
+    assert token not in text and "half a li" not in text  # an unfinished line waits
+    with raw.open("a") as f:
+        f.write("ne\n")
+    mirror.stop()
+    assert dest.read_text().endswith("INFO half a line\n")
+    assert dest.read_text().count("\n") == bulk.count("\n") + 2

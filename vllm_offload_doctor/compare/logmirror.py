@@ -16,6 +16,7 @@ from pathlib import Path
 from vllm_offload_doctor.redact import MAX_PIECE, line_scrubber
 
 EVERY_S = 0.5
+CHUNK = 1 << 20  # bytes read at a time
 
 
 class LogMirror:
@@ -54,19 +55,22 @@ class LogMirror:
         """Append the complete lines written since the last call (all of it when final)."""
         if self._fd is None:
             return
-        with contextlib.suppress(OSError):  # a full disk must not end the mode
-            with open(self.raw, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-            self._offset += len(data)
-            data = self._partial + data
-            *lines, self._partial = data.split(b"\n")
-            if len(self._partial) > MAX_PIECE or (final and self._partial):
-                lines.append(self._partial)  # a line that never ends still gets through
-                self._partial = b""
-            if lines:
-                text = "".join(self._scrub(ln.decode("utf-8", "replace")) + "\n" for ln in lines)
-                _write_all(self._fd, text.encode("utf-8"))
+        with contextlib.suppress(OSError), open(self.raw, "rb") as f:  # a full disk: go on
+            f.seek(self._offset)
+            while data := f.read(CHUNK):  # memory bounded however fast the server writes
+                self._offset += len(data)
+                self._lines(data, final=False)
+            self._lines(b"", final=final)
+
+    def _lines(self, data: bytes, *, final: bool) -> None:
+        assert self._fd is not None
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > MAX_PIECE or (final and self._partial):
+            lines.append(self._partial)  # a line that never ends still gets through
+            self._partial = b""
+        if lines:
+            text = "".join(self._scrub(ln.decode("utf-8", "replace")) + "\n" for ln in lines)
+            _write_all(self._fd, text.encode("utf-8"))
 
     def stop(self) -> None:
         self._stop.set()
