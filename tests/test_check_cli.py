@@ -47,7 +47,16 @@ def assert_schema(data: dict[str, Any]) -> None:
     ids = [c["id"] for c in data["checks"]]
     assert len(ids) == len(set(ids))
     for c in data["checks"]:
-        assert set(c) == {"id", "title", "status", "message", "details", "remedy", "links"}
+        assert set(c) - {"data"} == {
+            "id",
+            "title",
+            "status",
+            "message",
+            "details",
+            "remedy",
+            "links",
+        }
+        assert isinstance(c.get("data", {}), dict)
         assert c["status"] in STATUSES
         assert isinstance(c["details"], list) and isinstance(c["links"], list)
         assert all(link.startswith("https://") for link in c["links"])
@@ -131,6 +140,7 @@ def test_options_reach_the_checks(
         capsys, "--format", "json", "--cpu-offload-gb", "10", "-tp", "2", "--model", m,
         "--gpu-memory-utilization", "0.8", "--port", "9000", "--host", "0.0.0.0",
         "--max-model-len", "4096", "--gpu-memory-gib", "80", "--kv-cache-dtype", "fp8",
+        "--link-gbs", "40",
     )  # fmt: skip
     data = json.loads(out)
     assert data["facts"]["options"] == {
@@ -140,13 +150,14 @@ def test_options_reach_the_checks(
         "model": m,
         "max_model_len": 4096,
         "gpu_memory_gib": 80.0,
+        "link_gbs": 40.0,
         "kv_cache_dtype": "fp8",
         "python": None,
         "host": "0.0.0.0",
         "port": 9000,
     }
     host = next(c for c in data["checks"] if c["id"] == "host_memory")
-    assert "~38.0 GiB needed" in host["message"]
+    assert "~28-31 GiB ((1.1-1.25 × 10 GiB + 3 GiB) × 2 GPUs) needed" in host["message"]
     fit = next(c for c in data["checks"] if c["id"] == "fit")
     assert fit["status"] == "warn"  # 8 GiB per GPU fits without offload: offload only costs speed
     assert "8.0 GiB of weights per GPU" in fit["message"]
@@ -170,22 +181,28 @@ def test_every_format_choice_has_a_renderer_and_renders() -> None:
 @pytest.mark.parametrize(
     "model", ["/no/such/model/dir", "org/not-cached", "{empty}"], ids=["path", "repo", "no-config"]
 )
-def test_bad_model_is_a_usage_error_naming_it(
+def test_unreadable_model_fails_the_fit_check_and_the_others_run(
     model: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    use_probe(monkeypatch, FakeProbe())
+    from vllm_offload_doctor.machine.modelsize import inspect_model
+
+    probe = FakeProbe()
+    probe.model_size = lambda m: inspect_model(m, os.environ, Path.home())  # type: ignore[method-assign]
+    use_probe(monkeypatch, probe)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HOME", str(tmp_path))
     if model == "{empty}":
         model = str(tmp_path)
-    code, out, err = cli(capsys, "--model", model)
-    assert code == 2
-    assert out == ""
-    assert model in err and err.count("\n") == 1
-    assert "no GPU information" not in err
+    code, out, err = cli(capsys, "--model", model, "--format", "json")
+    assert code == 1
+    assert err == ""
+    checks = {c["id"]: c for c in json.loads(out)["checks"]}
+    assert checks["fit"]["status"] == "fail"
+    assert model in checks["fit"]["message"]
+    assert checks["host_memory"]["status"] == "ok"
 
 
 def test_list_shows_every_check_with_its_documentation(capsys: pytest.CaptureFixture[str]) -> None:

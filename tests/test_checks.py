@@ -544,14 +544,51 @@ def test_host_memory_without_offload_ok() -> None:
 def test_host_memory_budget_uses_tensor_parallel_size() -> None:
     probe = FakeProbe(nvml_info=two_gpus())
     result = one("host_memory", probe, offload_gb=40, tensor_parallel_size=2)
-    assert "~152.0 GiB needed" in result.message  # 1.9 x 40 x 2
+    # (1.1-1.25 x 40 + 3) x 2 GPUs, the H200 calibration
+    assert "~94-106 GiB ((1.1-1.25 × 40 GiB + 3 GiB) × 2 GPUs) needed" in result.message
     assert result.status is Status.OK
+    assert result.data is not None and result.data["host_need_gib"] == [94.0, 106.0]
     assert "https://github.com/vllm-project/vllm/issues/56410" in result.links
+
+
+# `free -m` on the H200 host of the corpus log H-015: 128868 MiB total, 128399 available
+H200_HOST = replace(MEM, total=128868 << 20, available=128399 << 20)
+
+
+def test_the_h200_host_oom_offload_fails_before_it_is_tried() -> None:
+    # 112 GiB offloaded on this 128 GiB host was killed by the OOM killer (corpus H-015)
+    result = one("host_memory", FakeProbe(mem=H200_HOST), offload_gb=112)
+    assert result.status is Status.FAIL
+    assert "125.8 GiB usable" in result.message
+    assert result.data is not None and result.data["largest_offload_gib"] == 98
+    assert "at most 98 GiB" in result.remedy
+
+
+def test_the_h200_offload_that_served_is_a_warning_not_a_failure() -> None:
+    # 100 GiB offloaded peaked at 122.9 of 128 on the same host and served
+    result = one("host_memory", FakeProbe(mem=H200_HOST), offload_gb=100)
+    assert result.status is Status.WARN
+    assert "may not fit" in result.message
+
+
+def test_host_budget_states_its_source_and_the_start_up_cost() -> None:
+    result = one("host_memory", offload_gb=30)
+    assert any("measured on an H200" in d for d in result.details)
+    assert any("start-up: about 50 s longer" in d for d in result.details)  # 30 / 0.6
+    assert result.data is not None and result.data["extra_load_s"] == 50
+
+
+def test_wsl_may_double_pinned_memory() -> None:
+    plain = one("host_memory", offload_gb=80)  # 256 GiB host: 91-103 fits
+    assert plain.status is Status.OK
+    wsl = one("host_memory", FakeProbe(plat=WSL2), offload_gb=80)  # up to 2.5 x 80 + 3
+    assert wsl.status is Status.WARN
+    assert any("looks like WSL" in d for d in wsl.details)
 
 
 def test_too_little_host_ram_fails() -> None:
     mem = replace(MEM, total=64 * GIB, available=60 * GIB)
-    result = one("host_memory", FakeProbe(mem=mem), offload_gb=40)  # needs 76
+    result = one("host_memory", FakeProbe(mem=mem), offload_gb=60)  # needs 69 at least
     assert result.status is Status.FAIL
     assert "64.0 GiB usable" in result.message
 
@@ -563,7 +600,7 @@ def test_host_ram_not_available_now_warns() -> None:
 
 def test_cgroup_limit_caps_usable_memory() -> None:
     mem = replace(MEM, cgroup_limit=32 * GIB, cgroup_usage=2 * GIB)
-    result = one("host_memory", FakeProbe(mem=mem), offload_gb=20)  # needs 38 > 32
+    result = one("host_memory", FakeProbe(mem=mem), offload_gb=30)  # needs 36 at least > 32
     assert result.status is Status.FAIL
     assert "cgroup limit 32.0 GiB" in result.message
 
@@ -581,11 +618,13 @@ def test_fit_skipped_without_model() -> None:
     assert one("fit").status is Status.SKIP
 
 
-def test_fit_model_not_local_skips_with_reason() -> None:
+def test_unreadable_model_fails_the_fit_check_alone() -> None:
     probe = FakeProbe(model=ModelNotFoundError("org/x is not in the local cache"))
-    result = one("fit", probe, model="org/x")
-    assert result.status is Status.SKIP
-    assert "not in the local cache" in result.message
+    results = run(probe, model="org/x", offload_gb=4)
+    assert results["fit"].status is Status.FAIL
+    assert "cannot read --model: org/x is not in the local cache" in results["fit"].message
+    assert results["host_memory"].status is Status.OK  # the other checks still ran
+    assert results["gpu[0]"].status is Status.OK
 
 
 def test_fits_without_offload_ok() -> None:
@@ -702,6 +741,56 @@ def test_gpu_memory_gib_plans_for_a_gpu_that_is_not_here() -> None:
     assert result.status is Status.OK  # 0.92 x 160 = 147.2 GiB >= 145.06
     assert "fits in 147.2 GiB without offload" in result.message
     assert any("--gpu-memory-gib 160" in d for d in result.details)
+
+
+def test_fit_carries_its_plan_as_data() -> None:
+    result = one("fit", FakeProbe(model=BIG), model="m", max_model_len=CTX)
+    d = result.data
+    assert d is not None
+    assert d["need_gib"] == pytest.approx(145.06, abs=0.01)
+    assert d["budget_gib"] == pytest.approx(73.6, abs=0.01)
+    assert d["min_offload_gib"] == 72
+    # 72 offloaded: 72 - 71.46 over the need, plus the 2.5 GiB request, at 320 KiB a token
+    assert d["kv_tokens"] == pytest.approx((72 - 71.4625 + 2.5) * GIB / (320 * 1024), abs=2)
+    assert d["host_need_gib"] == [pytest.approx(1.1 * 72 + 3, abs=0.1), 93.0]
+
+
+def test_no_gpu_plan_prices_a_token_on_pcie_gen4_and_gen5() -> None:
+    probe = FakeProbe(model=BIG, nvml_info=NvmlInfo(error="no driver"))
+    result = one("fit", probe, model="m", max_model_len=CTX, gpu_memory_gib=80)
+    costs = result.data["per_token_cost_ms"] if result.data else {}
+    for name, lane in (("PCIe gen4 x16", 1.969), ("PCIe gen5 x16", 3.938)):
+        assert costs[name] == pytest.approx(72 * GIB / (lane * 16 * 0.85 * 1e9) * 1e3, abs=0.1)
+    assert any("each generated token reads 72 GiB over the link" in d for d in result.details)
+    assert result.data is not None
+    assert result.data["longest_max_model_len_without_offload"] == 0  # 140 GiB of weights
+
+
+def test_the_offload_given_is_the_one_priced() -> None:
+    probe = FakeProbe(model=BIG, nvml_info=NvmlInfo(error="no driver"))
+    result = one("fit", probe, model="m", max_model_len=CTX, gpu_memory_gib=80, offload_gb=80)
+    assert result.data is not None and result.data["priced_offload_gib"] == 80
+    assert any("each generated token reads 80 GiB over the link" in d for d in result.details)
+
+
+def test_link_gbs_prices_a_token_on_the_stated_link() -> None:
+    probe = FakeProbe(model=BIG, nvml_info=NvmlInfo(error="no driver"))
+    result = one("fit", probe, model="m", max_model_len=CTX, gpu_memory_gib=80, link_gbs=50)
+    assert result.data is not None
+    assert result.data["per_token_cost_ms"] == {
+        "--link-gbs 50": pytest.approx(72 * GIB / (50 * 0.85 * 1e9) * 1e3, abs=0.1)
+    }
+
+
+def test_no_gpu_plan_gives_the_longest_context_that_fits_without_offload() -> None:
+    probe = FakeProbe(nvml_info=NvmlInfo(error="no driver"))
+    result = one("fit", probe, model="m", gpu_memory_gib=24)
+    # 0.92 x 24 less 16 of weights, the 2048-token activation peak and 1 GiB, at 128 KiB a token
+    activation = 2048 * (2 * 4096 + 3 * 14336) * 2
+    room = 0.92 * 24 * GIB - 16 * GIB - activation - GIB
+    assert result.data is not None
+    assert result.data["longest_max_model_len_without_offload"] == int(room // (128 * 1024))
+    assert any("longest --max-model-len that fits without offload" in d for d in result.details)
 
 
 # --- port ------------------------------------------------------------------------------

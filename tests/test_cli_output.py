@@ -183,7 +183,8 @@ def _error(out: str, fmt: str = "json") -> dict[str, object]:
     ("args", "kind"),
     [
         (["check", "--port", "0"], "usage"),
-        (["check", "--model", "/nonexistent/model"], "input"),
+        (["check", "--python", "/nonexistent/python"], "usage"),
+        (["compare", "--model", "/nonexistent/model"], "error"),
         (["compare", "--repeats", "many"], "usage"),
         (["compare", "--no-such-option"], "usage"),
         (["analyze", "--bogus"], "usage"),

@@ -305,7 +305,10 @@ def _is_engine(p: psutil.Process) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("sig", "rc"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("sig", "rc"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGQUIT, 131)],
+)
 def test_interrupt_cleans_up_and_keeps_partial_report(
     tmp_path: Path, sig: signal.Signals, rc: int
 ) -> None:

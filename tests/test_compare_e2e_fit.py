@@ -166,7 +166,9 @@ def _planted_log() -> str:
         f"WARNING 11-29 15:14:25 [hub.py:1] retrying: {planted_line(kind, PLACES[i % len(PLACES)])}"
         for i, kind in enumerate(PLANTED)
     ]
-    lines += [f"INFO 11-29 15:14:25 [hub.py:2] cached {planted_line(k, None)}" for k in SELF_EVIDENT]
+    lines += [
+        f"INFO 11-29 15:14:25 [hub.py:2] cached {planted_line(k, None)}" for k in SELF_EVIDENT
+    ]
     lines += [
         "INFO 11-29 15:14:25 [hub.py:3] key file:",
         "-----BEGIN PRIVATE KEY-----",
@@ -446,6 +448,45 @@ def test_sigkill_of_the_doctor_takes_the_server_down(tmp_path: Path) -> None:
     assert survivors == [], f"server tree outlived the doctor: {survivors}"
     assert left == []
     assert not os.path.exists(f"/proc/{server_pid}") or _zombie(server_pid)
+
+
+def test_sigkill_of_the_doctor_leaves_each_started_modes_log_scrubbed(tmp_path: Path) -> None:
+    """Nothing lost: the partial report and every started mode's log are in --out, masked."""
+    marker = uuid.uuid4().hex
+    out = tmp_path / "run"
+    extra = tmp_path / "extra.log"
+    extra.write_text(planted_line("hf_token", "token: {v}") + "\n")
+    proc = subprocess.Popen(
+        _argv(out, free_port(), "--timeout", "120"),
+        env=_env("hang", marker, FAKE_VLLM_EXTRA_LOG=str(extra)),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if _offload_mode_started(out) and any(_is_engine(p) for p in marked(marker)):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the offload-mode server never started")
+        time.sleep(1.5)  # the mirror copies every half second
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        kill_marked(marker)
+    report = json.loads((out / "report.json").read_text())
+    assert [m["label"] for m in report["modes"]] == ["0", "0.5"]
+    assert mode(report, "0.5")["status"] == "starting"  # the partial report
+    for label in ("0", "0.5"):
+        log = (out / f"mode-{label}.log").read_text()
+        assert "Starting to load model" in log, log[:500]
+        assert leaks(log) == [], f"mode-{label}.log leaks {leaks(log)}"
+        assert "token: " in log  # the planted line arrived, masked
 
 
 def _zombie(pid: int) -> bool:

@@ -213,3 +213,27 @@ def test_real_v2_runner_logs_say_ignored_not_failed() -> None:
     c = compare_pair(base, off, FIT)
     assert c.status == CompareStatus.IGNORED
     assert "VLLM_USE_V2_MODEL_RUNNER=0" in c.finding.remedy
+
+
+def test_compare_estimates_the_need_with_checks_fit_model() -> None:
+    """One fit model: compare's estimate for a model that did not load is check's plan."""
+    import json
+
+    from vllm_offload_doctor.machine.fit import GIB, model_shape, plan
+
+    cfg = json.loads((BISECT / "big-config.json").read_text())
+    shape = model_shape(cfg, cfg.get("torch_dtype"))
+    weights = 151.78
+    base = weights_oom_baseline()
+    off = replace(base, log_facts=replace(base.log_facts or LogFacts(), gpu_total_gib=139.8))
+    for length in (2048, 32768):  # the KV cache of one request grows with --max-model-len
+        need = needed_offload(off, weights, 0.92, length, shape, 1)
+        p = plan(
+            weights * GIB, shape, tp=1, gpu_total=139.8 * GIB, utilization=0.92,
+            max_model_len=length,
+        )  # fmt: skip
+        assert need is not None and not need.lower_bound
+        assert need.gib == pytest.approx((p.to_offload or 0) / GIB, abs=0.05)
+        assert need.flag == p.min_offload_gib
+        assert "KV cache for one request of max-model-len" in need.why
+    assert needed_offload(off, weights, 0.92, 2048, shape, 1).flag in (27, 28)  # type: ignore[union-attr]

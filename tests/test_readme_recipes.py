@@ -70,6 +70,7 @@ def test_the_check_template_joins_the_report(monkeypatch: pytest.MonkeyPatch) ->
     module = types.ModuleType(name)
     module.__file__ = f"<README: {name}>"
     monkeypatch.setitem(sys.modules, name, module)
+    checks.all_checks()  # the real checks register now, not into the copy below
     monkeypatch.setattr(check_registry, "REGISTERED", list(check_registry.REGISTERED))
     checks.all_checks.cache_clear()
     exec(compile(source, module.__file__, "exec"), module.__dict__)

@@ -53,13 +53,14 @@ class OutputError(DoctorError):
 
 
 class Interrupted(DoctorError):
-    """Ctrl+C (SIGINT) or SIGTERM stopped the command; the message says what was left behind."""
+    """Ctrl+C (SIGINT) or a signal (SIGTERM, SIGHUP, SIGQUIT) stopped the command; the message
+    says what was left behind. A signal exits 128 + its number (143, 129, 131), as shells do."""
 
     exit_code = exitcodes.INTERRUPTED
     kind = "interrupted"
 
-    def __init__(self, message: str, *, sigterm: bool = False) -> None:
+    def __init__(self, message: str, *, signum: int | None = None) -> None:
         super().__init__(message)
-        if sigterm:
-            self.exit_code = exitcodes.TERMINATED
+        if signum is not None:
+            self.exit_code = 128 + signum
             self.kind = "terminated"

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -249,6 +249,12 @@ class _PemState:
         if _PEM_BEGIN.search(raw) and not _PEM_END.search(raw):
             self.inside = True
         return out
+
+
+def line_scrubber() -> Callable[[str], str]:
+    """Masks one line at a time, in order (PEM blocks spanning lines included): for a log read
+    as it is written."""
+    return _PemState().line
 
 
 def scrub_lines(lines: Iterable[str]) -> list[str]:

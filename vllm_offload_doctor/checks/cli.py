@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -73,6 +72,13 @@ from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
     help="Plan the fit for GPUs of this size instead of the ones here (or with none).",
 )
 @click.option(
+    "--link-gbs",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Host-to-GPU GB/s to price each token of offload on [default: the GPU's PCIe link, "
+    "or PCIe gen4 and gen5 x16 without a GPU].",
+)
+@click.option(
     "--python",
     "python",
     type=click.Path(exists=True, dir_okay=False),
@@ -102,6 +108,7 @@ def check(
     max_model_len: int | None,
     kv_cache_dtype: str,
     gpu_memory_gib: float | None,
+    link_gbs: float | None,
     python: str | None,
     host: str,
     port: int,
@@ -116,7 +123,8 @@ def check(
     """Can this machine and this vLLM offload weights to the CPU at all?
 
     Exit status: 0 all ok or warnings only, 1 a check failed (--strict: or warned),
-    2 nothing could be checked or bad usage (a --model that is not there).
+    2 nothing could be checked or bad usage. A --model that cannot be read fails
+    the fit check alone.
 
     \b
     Examples:
@@ -128,7 +136,6 @@ def check(
     """
     from vllm_offload_doctor.checks import Options, run_checks
     from vllm_offload_doctor.checks.render import render
-    from vllm_offload_doctor.machine.modelsize import resolve_model
     from vllm_offload_doctor.machine.probes import RealProbe
 
     out = Output(fmt, output, quiet=quiet, color=color)
@@ -136,8 +143,6 @@ def check(
         out.report(lambda f, _color: _list_checks(verbose, f))
         out.close()
         return 0
-    if model is not None:
-        resolve_model(model, os.environ, Path.home())  # a missing model is a usage error
     options = Options(
         offload_gb=offload_gb,
         tensor_parallel_size=tensor_parallel_size,
@@ -145,6 +150,7 @@ def check(
         model=model,
         max_model_len=max_model_len,
         gpu_memory_gib=gpu_memory_gib,
+        link_gbs=link_gbs,
         kv_cache_dtype=kv_cache_dtype,
         python=python,
         host=host,

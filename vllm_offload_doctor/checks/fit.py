@@ -12,13 +12,22 @@ needed (it only costs speed) or is more than the weights. Without a GPU it still
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm_offload_doctor.checks.context import GIB, Context, gib
 from vllm_offload_doctor.checks.model import CheckResult, Result
 from vllm_offload_doctor.checks.registry import register
 from vllm_offload_doctor.errors import ProbeError
 from vllm_offload_doctor.links import DOCS_MEMORY, ISSUE_FITS_ANYWAY
-from vllm_offload_doctor.machine.fit import FitPlan, plan
+from vllm_offload_doctor.machine.fit import FitPlan, longest_fitting_len, plan
+from vllm_offload_doctor.machine.hostbudget import host_budget
 from vllm_offload_doctor.machine.modelsize import ModelSize
+from vllm_offload_doctor.machine.pcie import (
+    PRACTICAL_FRACTION,
+    link_bandwidth_gbs,
+    pcie_bandwidth_gbs,
+    step_cost_ms,
+)
 
 
 @register("fit", "Model fit")
@@ -28,8 +37,12 @@ def check_fit(ctx: Context, r: Result) -> CheckResult:
         return r.skip("no --model given")
     try:
         size = ctx.probe.model_size(opts.model)
-    except ProbeError as exc:
-        return r.skip(str(exc))
+    except ProbeError as exc:  # the other checks still run; only this one cannot answer
+        return r.fail(
+            f"cannot read --model: {exc}",
+            remedy="Pass a local model directory with its config.json, or download the model "
+            "first (check never downloads).",
+        )
     total, gpu = _gpu_total(ctx)
     n = opts.tensor_parallel_size
     p = plan(
@@ -42,20 +55,30 @@ def check_fit(ctx: Context, r: Result) -> CheckResult:
         kv_cache_dtype=opts.kv_cache_dtype,
     )
     details = [*_need_details(size, p, n, opts.kv_cache_dtype), *_budget_details(ctx, p, gpu)]
+    data = _plan_data(ctx, size, p, total)
+    details += _plan_extras(data)
     est = " (estimated from config.json)" if size.estimated else ""
     weights = f"{gib(p.weights)} of weights per GPU{est}"
     need = f"{gib(p.need)} needed per GPU{_for_length(p)}"
     if p.budget is None or p.to_offload is None:
         return r.skip(
-            f"{weights}, {need}; {gpu}: pass --gpu-memory-gib N to plan for a GPU", details
+            f"{weights}, {need}; {gpu}: pass --gpu-memory-gib N to plan for a GPU",
+            details,
+            data=data,
         )
-    return _verdict(r, p, opts.offload_gb, f"{weights}, {need}", details)
+    return _verdict(r, p, opts.offload_gb, f"{weights}, {need}", details, data)
 
 
 def _verdict(
-    r: Result, p: FitPlan, offload_gb: float, what: str, details: list[str]
+    r0: Result,
+    p: FitPlan,
+    offload_gb: float,
+    what: str,
+    details: list[str],
+    data: dict[str, Any],
 ) -> CheckResult:
     assert p.budget is not None and p.to_offload is not None
+    r = _WithData(r0, data)
     budget, to_offload, offload = gib(p.budget), p.to_offload, offload_gb * GIB
     links = (DOCS_MEMORY,)
     if to_offload <= 0:
@@ -107,6 +130,103 @@ def _verdict(
         "smaller --max-model-len).",
         links=links,
     )
+
+
+class _WithData:
+    """`Result` whose verdicts all carry the plan's figures."""
+
+    def __init__(self, r: Result, data: dict[str, Any]) -> None:
+        self.r, self.data = r, data
+
+    def ok(self, message: str, details: list[str], **kw: Any) -> CheckResult:
+        return self.r.ok(message, details, data=self.data, **kw)
+
+    def warn(self, message: str, details: list[str], **kw: Any) -> CheckResult:
+        return self.r.warn(message, details, data=self.data, **kw)
+
+    def fail(self, message: str, details: list[str], **kw: Any) -> CheckResult:
+        return self.r.fail(message, details, data=self.data, **kw)
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v / GIB, 2)
+
+
+def _plan_data(ctx: Context, size: ModelSize, p: FitPlan, total: float | None) -> dict[str, Any]:
+    """The plan as numbers (GiB per GPU): what a script or the compare preflight reads."""
+    opts = ctx.options
+    n = opts.tensor_parallel_size
+    minimum = p.min_offload_gib
+    offload = opts.offload_gb or float(minimum or 0)
+    data: dict[str, Any] = {
+        "weights_gib": _round(p.weights),
+        "kv_cache_gib": _round(p.kv_cache),
+        "activation_gib": _round(p.activation),
+        "overhead_gib": _round(p.overhead),
+        "need_gib": _round(p.need),
+        "budget_gib": _round(p.budget),
+        "max_model_len": p.max_model_len,
+        "min_offload_gib": minimum,
+        "kv_tokens": p.kv_tokens(offload * GIB),
+        "host_need_gib": None,
+        "longest_max_model_len_without_offload": None,
+        "per_token_cost_ms": {},
+        "priced_offload_gib": offload or None,  # the offload the host need and costs are for
+    }
+    if offload > 0:
+        b = host_budget(offload, n)
+        data["host_need_gib"] = [round(b.low_gib, 1), round(b.high_gib, 1)]
+    if total is not None:
+        limit = (size.shape.max_model_len if size.shape else None) or p.max_model_len
+        if limit:
+            data["longest_max_model_len_without_offload"] = longest_fitting_len(
+                size.total_bytes, size.shape, tp=n, gpu_total=total,
+                utilization=ctx.gpu_memory_utilization, limit=limit,
+                kv_cache_dtype=opts.kv_cache_dtype,
+            )  # fmt: skip
+    if offload > 0:
+        data["per_token_cost_ms"] = {
+            name: round(step_cost_ms(offload, gbs * PRACTICAL_FRACTION), 1)
+            for name, gbs in _links(ctx).items()
+        }
+    return data
+
+
+def _links(ctx: Context) -> dict[str, float]:
+    """The links to price a token on: --link-gbs, else the GPU's own, else PCIe gen4 and gen5 x16."""
+    given = ctx.options.link_gbs
+    if given is not None:
+        return {f"--link-gbs {given:g}": given}
+    gpus = [] if ctx.nvml.error else ctx.used_gpus()
+    if gpus and ctx.options.gpu_memory_gib is None:
+        g = gpus[0]
+        now = link_bandwidth_gbs(g.pcie_gen, g.pcie_width)
+        if now is not None:
+            return {f"PCIe gen{g.pcie_gen} x{g.pcie_width}": now}
+    return {"PCIe gen4 x16": pcie_bandwidth_gbs(4, 16) or 0.0,
+            "PCIe gen5 x16": pcie_bandwidth_gbs(5, 16) or 0.0}  # fmt: skip
+
+
+def _plan_extras(data: dict[str, Any]) -> list[str]:
+    out = []
+    longest = data["longest_max_model_len_without_offload"]
+    if longest is not None:
+        out.append(
+            "longest --max-model-len that fits without offload: "
+            + (f"{longest:,}" if longest else "none (the weights alone do not fit)")
+        )
+    costs = data["per_token_cost_ms"]
+    if costs:
+        each = ", ".join(f"{ms:g} ms on {name}" for name, ms in costs.items())
+        what = f"{data['priced_offload_gib']:g} GiB"
+        out.append(
+            f"each generated token reads {what} over the link: at least {each} "
+            f"({PRACTICAL_FRACTION:.0%} of the link rate)"
+        )
+    if data["host_need_gib"]:
+        low, high = data["host_need_gib"]
+        out.append(f"host memory for that offload: ~{low:.0f}-{high:.0f} GiB")
+    return out
 
 
 def _gpu_total(ctx: Context) -> tuple[float | None, str]:

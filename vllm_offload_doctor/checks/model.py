@@ -38,6 +38,7 @@ class CheckResult:
     details: tuple[str, ...] = ()
     remedy: str = ""
     links: tuple[str, ...] = ()
+    data: dict[str, Any] | None = None  # the check's figures, for JSON readers
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +56,21 @@ class Result:
         *,
         remedy: str = "",
         links: Iterable[str] = (),
+        data: dict[str, Any] | None = None,
     ) -> CheckResult:
         return CheckResult(
-            self.id, self.title, status, message, tuple(details), remedy, tuple(links)
+            self.id, self.title, status, message, tuple(details), remedy, tuple(links), data
         )
 
     def ok(
-        self, message: str, details: Iterable[str] = (), *, links: Iterable[str] = ()
+        self,
+        message: str,
+        details: Iterable[str] = (),
+        *,
+        links: Iterable[str] = (),
+        data: dict[str, Any] | None = None,
     ) -> CheckResult:
-        return self.make(Status.OK, message, details, links=links)
+        return self.make(Status.OK, message, details, links=links, data=data)
 
     def warn(
         self,
@@ -72,8 +79,9 @@ class Result:
         *,
         remedy: str = "",
         links: Iterable[str] = (),
+        data: dict[str, Any] | None = None,
     ) -> CheckResult:
-        return self.make(Status.WARN, message, details, remedy=remedy, links=links)
+        return self.make(Status.WARN, message, details, remedy=remedy, links=links, data=data)
 
     def fail(
         self,
@@ -82,11 +90,14 @@ class Result:
         *,
         remedy: str = "",
         links: Iterable[str] = (),
+        data: dict[str, Any] | None = None,
     ) -> CheckResult:
-        return self.make(Status.FAIL, message, details, remedy=remedy, links=links)
+        return self.make(Status.FAIL, message, details, remedy=remedy, links=links, data=data)
 
-    def skip(self, message: str, details: Iterable[str] = ()) -> CheckResult:
-        return self.make(Status.SKIP, message, details)
+    def skip(
+        self, message: str, details: Iterable[str] = (), *, data: dict[str, Any] | None = None
+    ) -> CheckResult:
+        return self.make(Status.SKIP, message, details, data=data)
 
     def bug(self, exc: BaseException) -> CheckResult:
         """The check crashed: say so, where, and where to report it."""
@@ -113,6 +124,7 @@ class Options:
     model: str | None = None
     max_model_len: int | None = None  # None: the model's own
     gpu_memory_gib: float | None = None  # plan for a GPU of this size instead of the one here
+    link_gbs: float | None = None  # host-to-GPU GB/s to price a token on (None: the GPU's, or PCIe)
     kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype; None or "auto": the model's
     python: str | None = None
     host: str = "127.0.0.1"
@@ -144,7 +156,14 @@ class Report:
         return {
             "schema_version": SCHEMA_VERSION,
             "tool_version": self.tool_version,
-            "checks": [asdict(c) for c in self.checks],
+            "checks": [_check_dict(c) for c in self.checks],
             "summary": self.summary(),
             "facts": self.facts,
         }
+
+
+def _check_dict(c: CheckResult) -> dict[str, Any]:
+    d = asdict(c)
+    if d["data"] is None:  # only the checks that have figures carry them
+        del d["data"]
+    return d

@@ -86,14 +86,24 @@ def commands_data(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) 
     }
 
 
+def open_new(path: Path) -> int:
+    """A new file for writing, never through a link planted under its name (O_EXCL|O_NOFOLLOW).
+
+    Only for our own temporary names: whatever sits there (a planted link, a file left by a killed
+    run of the same pid) is unlinked first, which never follows a link."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+
+
 def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with os.fdopen(open_new(tmp), "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a link at `path` itself, never its target
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -144,6 +154,8 @@ def claim(out: Path, *, force: bool) -> Iterator[None]:
 def _lock(out: Path) -> IO[str]:
     """The folder's lock file, open and locked by us; DoctorError when another run holds it."""
     path = out / LOCK_NAME
+    if out.is_symlink():  # a link could point the run into someone else's folder
+        raise WriteError(f"cannot use --out {out}: it is a symbolic link; give the real folder")
     for _ in range(10):
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -187,10 +199,15 @@ def clear_known(out: Path) -> None:
 
 
 def save_scrubbed_log(raw: Path, dest: Path) -> None:
-    """Copy a server log through `scrub_file` (streamed, memory bounded), then rename it in place."""
+    """Scrub a server log in place in its private folder (`scrub_file`: streamed, memory bounded),
+    copy it beside `dest` into a new file and rename it over `dest`."""
+    import shutil
+
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
-        scrub_file(raw, tmp)
+        scrub_file(raw)
+        with open(raw, "rb") as src, os.fdopen(open_new(tmp), "wb") as out:
+            shutil.copyfileobj(src, out)
         os.replace(tmp, dest)
     except FileNotFoundError:
         with contextlib.suppress(OSError):

@@ -19,7 +19,11 @@ from vllm_offload_doctor.common_cli import (
     quiet_option,
     verbose_option,
 )
-from vllm_offload_doctor.compare.config import DEFAULT_MODEL, DEFAULT_TIMEOUT_S
+from vllm_offload_doctor.compare.config import (
+    DEFAULT_MODEL,
+    DEFAULT_TIMEOUT_S,
+    TIMEOUT_PER_OFFLOADED_S,
+)
 from vllm_offload_doctor.compare.render import RENDERERS
 from vllm_offload_doctor.formats import OutputFormat
 
@@ -72,7 +76,9 @@ if TYPE_CHECKING:
     default=None,
     help="Context length of every mode (default 2048; also accepted after `--`).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address each `vllm serve` binds.")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address each `vllm serve` binds."
+)
 @click.option(
     "--port", type=int, default=8000, show_default=True, help="Port each `vllm serve` listens on."
 )
@@ -112,9 +118,10 @@ if TYPE_CHECKING:
     "--timeout",
     "timeout_s",
     type=float,
-    default=DEFAULT_TIMEOUT_S,
-    show_default=True,
-    help="Seconds each mode may take to become ready (a failing load ends the mode at once).",
+    default=None,
+    help=f"Seconds each mode may take to become ready (a failing load ends the mode at once) "
+    f"[default: {DEFAULT_TIMEOUT_S:g}, plus {TIMEOUT_PER_OFFLOADED_S:.1f} s per offloaded GiB: "
+    "pinning adds about X / 0.6 s].",
 )
 @click.option(
     "--request-timeout",
@@ -161,6 +168,12 @@ if TYPE_CHECKING:
     help="GPUs per mode, passed to every `vllm serve` (also accepted after `--`); "
     "--offload-gb is then a budget per GPU.",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Stop before any server starts when the preflight finds the host cannot hold an "
+    "offload mode (exit 2).",
+)
 @format_option(RENDERERS, "Report format on stdout (progress goes to stderr).")
 @color_option()
 @output_option()
@@ -184,13 +197,14 @@ def compare(
     max_tokens: int,
     stream: bool,
     vllm_cmd: str,
-    timeout_s: float,
+    timeout_s: float | None,
     request_timeout_s: float,
     grace_s: float,
     out_dir: str | None,
     force: bool,
     verify_fix: bool,
     tensor_parallel_size: int | None,
+    strict: bool,
     fmt: OutputFormat,
     color: bool | None,
     output: Path | None,
@@ -214,7 +228,8 @@ def compare(
 
     \b
     Exit status: 0 offload took effect; 1 ignored, a mode failed or inconclusive;
-    2 usage or environment error; 130 interrupted (143 on SIGTERM).
+    2 usage or environment error; 130 interrupted (143 on SIGTERM, 129 SIGHUP,
+    131 SIGQUIT).
 
     \b
     Examples:
@@ -267,6 +282,7 @@ def compare(
         grace_s=grace_s,
         verify_fix=verify_fix,
         force=force,
+        strict=strict,
     )
     cfg.validate()
     out = Output(fmt, output, quiet=quiet, color=color)
@@ -283,8 +299,10 @@ def compare(
     try:
         with sigterm_as_interrupt():
             status = run.execute()
-    except Terminated:
-        raise Interrupted(f"terminated; partial report in {cfg.out_dir}", sigterm=True) from None
+    except Terminated as exc:
+        raise Interrupted(
+            f"terminated; partial report in {cfg.out_dir}", signum=int(exc.signum)
+        ) from None
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; partial report in {cfg.out_dir}") from None
     out.report(lambda f, c: RENDERERS[f](run.report, str(cfg.out_dir), color=c), nl=False)

@@ -15,6 +15,8 @@ DEFAULT_REVISION = "c1899de289a04d12100db370d81485cdf75e47ca"
 DEFAULT_PROMPT = "Назови одним словом столицу Франции. /no_think"
 DEFAULT_EXPECT = ("Париж", "Paris")
 DEFAULT_TIMEOUT_S = 900.0  # a 150 GiB model with offload takes ~140 s; leave room for slow disks
+# Pinning the offload adds about X / 0.6 s to start-up (H200); the default allows twice that.
+TIMEOUT_PER_OFFLOADED_S = 2 / 0.6
 # The escape hatch that makes the V1 runner (which honours --cpu-offload-gb) the default again.
 V1_RUNNER_ENV = ("VLLM_USE_V2_MODEL_RUNNER", "0")
 # Flags compare sets itself; passing them after `--` would make the two modes differ.
@@ -123,13 +125,20 @@ class CompareConfig:
     expect: list[str] | None = None  # None: Париж/Paris for the default prompt, no check otherwise
     max_tokens: int = 32
     stream: bool = False
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float | None = None  # None: DEFAULT_TIMEOUT_S, more for a larger offload
     request_timeout_s: float = 300.0
     out_dir: Path = Path("offload-doctor-runs")
     extra_args: list[str] = field(default_factory=list)
     grace_s: float = 10.0
     verify_fix: bool = False
     force: bool = False
+    strict: bool = False  # stop before any server starts when the host cannot hold an offload
+
+    def timeout_for(self, gb: float) -> float:
+        """Seconds the mode offloading `gb` GiB per GPU may take to become ready."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return DEFAULT_TIMEOUT_S + TIMEOUT_PER_OFFLOADED_S * max(0.0, gb)
 
     @property
     def served(self) -> str:
@@ -224,7 +233,7 @@ class CompareConfig:
         if not 1 <= self.port <= 65535:
             raise DoctorError(f"--port {self.port}: must be 1-65535")
         for flag, value in (
-            ("--timeout", self.timeout_s),
+            ("--timeout", DEFAULT_TIMEOUT_S if self.timeout_s is None else self.timeout_s),
             ("--request-timeout", self.request_timeout_s),
             ("--max-tokens", self.max_tokens),
         ):

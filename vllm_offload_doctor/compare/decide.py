@@ -29,6 +29,7 @@ from vllm_offload_doctor.compare.model import (
 )
 from vllm_offload_doctor.compare.performance import performance, solo_performance
 from vllm_offload_doctor.compare.records import LogFacts
+from vllm_offload_doctor.machine.fit import GIB, ModelShape, plan
 
 MRV2_LINKS = links_mod.MRV2
 MRV2_REMEDY = (
@@ -342,13 +343,16 @@ def needed_offload(
     weights_per_gpu_gib: float | None,
     util: float,
     max_model_len: int | None = None,
+    shape: ModelShape | None = None,
+    tp: int = 1,
 ) -> Need | None:
     """How much offload would make the model fit, from the mode's own log figures first.
 
     The weights loaded but one request's KV cache did not fit: what was offloaded plus the
     shortfall the log states. No KV memory at all: a lower bound (the KV cache of one request comes
-    on top). The weights did not load: with the model's size known, what exceeds util x GPU plus
-    ~3 GiB (activations, CUDA context, one request's KV cache); else a lower bound.
+    on top). The weights did not load: with the model's size known, check's fit model
+    (`machine.fit.plan`: weights, one request's KV cache, the activation peak, non-torch overhead)
+    against util x the GPU the log names; else a lower bound.
     """
     f = off.log_facts
     oom = f.oom if f else None
@@ -375,12 +379,22 @@ def needed_offload(
         )
     total = (oom.total_gib if oom else None) or (f.gpu_total_gib if f else None)
     if weights_per_gpu_gib is not None and total:
-        gib = round(max(off.offload_gb, weights_per_gpu_gib - util * total + 3.0), 1)
+        p = plan(
+            weights_per_gpu_gib * tp * GIB, shape, tp=tp, gpu_total=total * GIB,
+            utilization=util, max_model_len=max_model_len,
+        )  # fmt: skip
+        short = (p.to_offload or 0.0) / GIB
+        gib = max(off.offload_gb, math.ceil(short * 100) / 100)  # up: never below the need
+        parts = [f"{weights_per_gpu_gib:.1f} GiB of weights per GPU"]
+        if p.kv_cache is not None:
+            parts.append(f"{p.kv_cache / GIB:.2f} GiB of KV cache for {per_request}")
+        if p.activation is not None:
+            parts.append(f"{p.activation / GIB:.2f} GiB of activation peak")
+        parts.append(f"{p.overhead / GIB:g} GiB non-torch overhead")
         return Need(
             gib,
-            False,
-            f"{weights_per_gpu_gib:.1f} GiB of weights per GPU against {util:g} x {total:g} GiB, "
-            "plus ~3 GiB for activations, the CUDA context and the KV cache of one request",
+            p.kv_cache is None,  # without the model's shape the KV cache comes on top
+            f"{', '.join(parts)} against {util:g} x {total:g} GiB (check's fit model)",
         )
     if oom is not None and oom.tried_gib is not None and oom.free_gib is not None:
         gap = max(0.0, oom.tried_gib - oom.free_gib)
@@ -456,7 +470,7 @@ def _needs_offload(base: ModeResult, off: ModeResult, fit: FitInputs) -> Compari
             failed_mode=off.label,
         )
     if out_of_memory(off):
-        need = needed_offload(off, fit.weights_gib, fit.util, fit.max_model_len)
+        need = needed_offload(off, fit.weights_gib, fit.util, fit.max_model_len, fit.shape, fit.tp)
         offloaded = of.offloaded_gib if of else None
         moved = f" ({_gib(offloaded)} GiB offloaded)" if offloaded else ""
         title = _lower((off.analysis.title if off.analysis else "") or "out of GPU memory")
@@ -487,6 +501,8 @@ class FitInputs:
     weights_gib: float | None = None  # weights per GPU, when the model is local
     util: float = 0.92
     max_model_len: int | None = None
+    shape: ModelShape | None = None  # config.json's, for the KV cache and activations
+    tp: int = 1
 
 
 def compare_pair(

@@ -170,6 +170,9 @@ def render_compare_html(report: CompareReport) -> str:
     body += [f'<p><a href="{esc(link)}">{esc(link)}</a></p>' for link in v.links]
     body += [f"<p><em>Note:</em> {esc(n)}</p>" for n in v.notes]
     body.append("</div>")
+    pre = (report.preflight or {}).get("lines", [])
+    if pre:
+        body += ["<h2>Preflight</h2><ul>", *(f"<li>{esc(ln)}</li>" for ln in pre), "</ul>"]
     body += ["<h2>Latency per output token</h2>", latency_chart(report)]
     body += ["<h2>Memory per mode (GiB)</h2>", memory_bars(report)]
     body.append("<h2>Side by side</h2><table>")

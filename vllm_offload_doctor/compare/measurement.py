@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vllm_offload_doctor.compare.config import CompareConfig
@@ -17,18 +18,26 @@ from vllm_offload_doctor.compare.records import (
 )
 
 if TYPE_CHECKING:
+    from vllm_offload_doctor.compare.measure import RequestResult
     from vllm_offload_doctor.compare.server import ServerProcess
+
+# (warm-up?, k, n, the result; None while request k is under way)
+OnRequest = Callable[[bool, int, int, "RequestResult | None"], None]
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def measure(srv: ServerProcess, cfg: CompareConfig, api_key: str | None) -> Served:
+def measure(
+    srv: ServerProcess,
+    cfg: CompareConfig,
+    api_key: str | None,
+    on_request: OnRequest | None = None,
+) -> Served:
     import httpx
 
     from vllm_offload_doctor.compare.measure import (
-        RequestResult,
         chat_request,
         fetch_info,
         gpu_snapshot,
@@ -49,8 +58,12 @@ def measure(srv: ServerProcess, cfg: CompareConfig, api_key: str | None) -> Serv
     measured: list[RequestResult] = []
     with httpx.Client(trust_env=False, headers=auth_headers(api_key)) as client:
         for n, results in ((cfg.warmup, warm), (cfg.repeats, measured)):
-            for _ in range(n):
+            for k in range(1, n + 1):
+                if on_request:
+                    on_request(results is warm, k, n, None)
                 results.append(chat_request(client, url, body, expect, cfg.request_timeout_s))
+                if on_request:
+                    on_request(results is warm, k, n, results[-1])
     answers = Counter(r.answer for r in measured if r.answer is not None)
     checked = [r.matched for r in measured if r.matched is not None]
     errors = info["errors"]

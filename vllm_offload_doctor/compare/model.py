@@ -434,6 +434,7 @@ class CompareReport:
         )
     )
     error: str | None = None
+    preflight: Json | None = None  # the host and fit questions asked before any server started
 
     def to_dict(self) -> Json:
         out: Json = {
@@ -451,6 +452,8 @@ class CompareReport:
         }
         if self.error is not None:
             out["error"] = self.error
+        if self.preflight is not None:
+            out["preflight"] = self.preflight
         return out
 
     @classmethod
@@ -467,4 +470,5 @@ class CompareReport:
             comparisons=tuple(Comparison.from_dict(c) for c in d.get("comparisons") or []),
             verdict=Verdict.from_dict(d.get("verdict") or {}),
             error=d.get("error"),
+            preflight=d.get("preflight"),
         )

@@ -81,6 +81,18 @@ class Progress:
             self.stream.flush()
         self.last_phase = phase
 
+    def rewrite(self, message: str, *, final: bool) -> None:
+        """Rewritten in place on a TTY; elsewhere written only when `final` (one line each)."""
+        text = f"[{self.label}] {message}"
+        if self.tty:
+            pad = " " * max(0, self.last_len - len(text))
+            self.stream.write(f"\r{text}{pad}")
+            self.last_len = len(text)
+            self.stream.flush()
+        elif final:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
     def line(self, message: str) -> None:
         """A permanent line (ends the in-place one first)."""
         self.done()
@@ -92,3 +104,31 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self.last_len = 0
+
+
+class RequestProgress:
+    """Request k of n, tokens so far and the running median, for `measure`'s callback."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tokens = 0
+        self.latencies: list[float] = []
+
+    def __call__(self, warmup: bool, k: int, n: int, result: object | None) -> None:
+        import statistics
+
+        what = f"warm-up {k}/{n}" if warmup else f"request {k}/{n}"
+        if result is None:
+            self.progress.rewrite(f"{what} ...{self._so_far()}", final=False)
+            return
+        ok = bool(getattr(result, "ok", False))
+        if not warmup:
+            self.tokens += int(getattr(result, "completion_tokens", None) or 0)
+            if ok:
+                self.latencies.append(float(getattr(result, "latency_s", 0.0)))
+        took = f"{getattr(result, 'latency_s', 0.0):.2f} s" if ok else "failed"
+        median = f", median {statistics.median(self.latencies):.2f} s" if self.latencies else ""
+        self.progress.rewrite(f"{what}: {took}{self._so_far()}{median}", final=True)
+
+    def _so_far(self) -> str:
+        return f", {self.tokens} tokens so far" if self.tokens else ""

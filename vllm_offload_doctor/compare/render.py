@@ -194,6 +194,7 @@ def render_text(report: CompareReport, out_dir: str | None = None, *, color: boo
         lines.append(f"  Fix: {v.remedy}")
     lines += [f"  See: {link}" for link in v.links]
     lines += [f"  Note: {n}" for n in v.notes]
+    lines += [f"  Preflight: {ln}" for ln in (report.preflight or {}).get("lines", [])]
     if out_dir:
         lines.append(f"Artifacts: {out_dir}")
     return "\n".join(lines) + "\n"
@@ -223,6 +224,9 @@ def render_markdown(
         out.append("")
     for n in v.notes:
         out += [f"> {n}", ""]
+    pre = (report.preflight or {}).get("lines", [])
+    if pre:
+        out += ["## Preflight", ""] + [f"- {ln}" for ln in pre] + [""]
     out += ["## Side by side", ""]
     out.append("| " + " | ".join(header) + " |")
     out.append("|" + "---|" * len(header))

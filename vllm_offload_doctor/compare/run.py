@@ -1,8 +1,9 @@
 """CompareRun: each mode in turn (start, wait, measure, stop, analyse), the report kept on disk.
 
-A server log is written raw into a private temporary folder (only this run opens it), analysed
-there, and saved into the run folder scrubbed of secrets; the raw copy is then deleted (and the
-folder of a run that was killed is swept by the next run).
+A server log is written raw into a private temporary folder (only this run opens it), copied
+scrubbed into the run folder as it grows (a killed doctor leaves it there), analysed, and saved
+whole and scrubbed at the mode's end; the raw copy is then deleted (and the folder of a run that
+was killed is swept by the next run).
 """
 
 from __future__ import annotations
@@ -57,7 +58,12 @@ from vllm_offload_doctor.errors import DoctorError, PortInUseError, ServerStartE
 from vllm_offload_doctor.redact import scrub_argv, scrub_data, scrub_text
 
 if TYPE_CHECKING:
+    from vllm_offload_doctor.compare.preflight import MachineProbe
     from vllm_offload_doctor.compare.server import ServerProcess
+
+
+class HostTooSmallError(DoctorError):
+    """--strict: the preflight found an offload mode the host cannot hold."""
 
 
 def _now() -> str:
@@ -78,7 +84,7 @@ def report_config(cfg: CompareConfig) -> ReportConfig:
         repeats=cfg.repeats,
         warmup=cfg.warmup,
         stream=cfg.stream,
-        timeout_s=cfg.timeout_s,
+        timeout_s=cfg.timeout_for(max(cfg.modes())),
         tensor_parallel_size=cfg.tensor_parallel_size(),
         extra_args=tuple(scrub_argv(cfg.extra_args)),
         request=scrub_data(cfg.request_body()),
@@ -95,9 +101,11 @@ class CompareRun:
         cfg: CompareConfig,
         progress: TextIO | None = None,
         host_probe: HostProbe | None = None,
+        machine: MachineProbe | None = None,
     ) -> None:
         self.cfg = cfg
         self.host_probe = host_probe
+        self.machine = machine
         self.progress = progress
         self.out = cfg.out_dir
         self.report = CompareReport(
@@ -144,6 +152,7 @@ class CompareRun:
 
     def execute(self) -> int:
         with art.claim(self.out, force=self.cfg.force):
+            self.write()  # a report from the first moment: a SIGKILL at any time leaves one
             try:
                 art.sweep_raw_dirs(Path(tempfile.gettempdir()))
                 self._raw_dir = Path(tempfile.mkdtemp(prefix=art.raw_dir_prefix()))
@@ -162,6 +171,7 @@ class CompareRun:
         art.atomic_write(self.out / "commands.txt", art.commands_text(cfg, self._fix_env()))
         self.write()
         try:
+            self._preflight()
             self._run_modes()
             self._set(complete=True)
         except KeyboardInterrupt:
@@ -187,6 +197,35 @@ class CompareRun:
             with contextlib.suppress(DoctorError):
                 self.write()
         return 0 if self.report.verdict.status == CompareStatus.EFFECTIVE else 1
+
+    def _preflight(self) -> None:
+        """check's host and fit questions for the modes about to run, before any of them starts."""
+        from vllm_offload_doctor.compare.preflight import run_preflight
+
+        if self.machine is None:
+            from vllm_offload_doctor.machine.probes import RealProbe
+
+            self.machine = RealProbe()
+        try:
+            pre = run_preflight(self.cfg, self.machine)
+        except Exception as exc:  # a probe that fails must not stop the measurement
+            self._say(f"preflight: could not read the host ({type(exc).__name__}: {exc})")
+            return
+        self._set(preflight=pre.to_dict())
+        for line in pre.lines():
+            self._say(f"preflight: {line}")
+        self.write()
+        if pre.blocked:
+            sizes = ", ".join(fmt_gb(gb) for gb in pre.blocked)
+            message = (
+                f"the host cannot hold --cpu-offload-gb {sizes}: it needs at least "
+                f"{min(m.low_gib for m in pre.modes if m.offload_gb in pre.blocked):.0f} GiB of "
+                f"host memory and {pre.usable_gib:.1f} GiB is usable; this host holds at most "
+                f"--cpu-offload-gb {pre.largest_offload_gib}"
+            )
+            if self.cfg.strict:
+                raise HostTooSmallError(message + " (--strict: nothing was started)")
+            self._say(f"preflight: {message}; running anyway (--strict stops here)")
 
     def _fix_env(self) -> dict[str, str] | None:
         return self.cfg.fix_env()
@@ -218,10 +257,24 @@ class CompareRun:
         served = sum(1 for m in self.report.modes if m.ok)
         version = version_of(base) or next((version_of(m) for m in offs if version_of(m)), None)
         verdict = decide(comps, served, nvsmi_note(version, cfg.gpu_memory_utilization()))
+        notes += self._host_notes()
         if notes:
             f = verdict.finding
             verdict = replace(verdict, finding=replace(f, notes=f.notes + tuple(notes)))
         self._set(comparisons=tuple(comps), verdict=verdict)
+
+    def _host_notes(self) -> list[str]:
+        """What the host was budgeted and what it measured, for each offload mode."""
+        from vllm_offload_doctor.compare.preflight import host_figures
+
+        out = []
+        for m in self.report.modes:
+            if m.role == Role.BASELINE and m.offload_gb == 0:
+                continue
+            line = host_figures(m.offload_gb, m.host_memory, self.report.preflight)
+            if line:
+                out.append(line)
+        return list(dict.fromkeys(out))
 
     def _fit_inputs(self, base: ModeResult) -> FitInputs:
         """Weights per GPU (local models only), gpu_memory_utilization and context length."""
@@ -235,7 +288,8 @@ class CompareRun:
             size = inspect_model(self.cfg.model, os.environ, Path.home())
         except (DoctorError, OSError, ValueError):
             return FitInputs(None, util, mml)
-        return FitInputs(size.total_bytes / 2**30 / self.cfg.tensor_parallel_size(), util, mml)
+        tp = self.cfg.tensor_parallel_size()
+        return FitInputs(size.total_bytes / 2**30 / tp, util, mml, size.shape, tp)
 
     def _verify(
         self, base: ModeResult, comps: list[Comparison]
@@ -280,7 +334,7 @@ class CompareRun:
     def run_mode(
         self, i: int, n: int, gb: float, role: Role, env: dict[str, str] | None = None
     ) -> ModeResult:
-        from vllm_offload_doctor.compare.progress import LogFollower, Progress
+        from vllm_offload_doctor.compare.progress import LogFollower, Progress, RequestProgress
         from vllm_offload_doctor.compare.server import ServerProcess
         from vllm_offload_doctor.machine.ports import probe_port
 
@@ -324,6 +378,9 @@ class CompareRun:
         if self.host_probe is None:
             self.host_probe = RealHostProbe()
         sampler = HostSampler(self.host_probe, lambda: srv.pid)
+        from vllm_offload_doctor.compare.logmirror import LogMirror
+
+        mirror = LogMirror(raw_log, self.out / mode.log)
 
         def tick(elapsed: float) -> None:
             nonlocal mode
@@ -336,17 +393,22 @@ class CompareRun:
                 self.write()
 
         try:
+            mirror.start()
             try:
                 srv.start()
             except OSError as exc:
                 raise ServerStartError(f"cannot start {shlex.join(argv[:2])}: {exc}") from exc
             sampler.start()
-            res = srv.wait_ready(cfg.timeout_s, on_tick=tick)
+            res = srv.wait_ready(cfg.timeout_for(gb), on_tick=tick)
             mode = replace(mode, startup_s=round(res.startup_s, 2), phase=follower.poll())
+            self._put_mode(mode, idx)
+            self.write()  # readiness is a state a killed run should still show
             if res.ready:
                 if prog:
                     prog.line(f"ready in {res.startup_s:.1f} s; measuring")
-                served = measure(srv, cfg, key)
+                served = measure(srv, cfg, key, RequestProgress(prog) if prog else None)
+                if prog:
+                    prog.done()
                 ok = served.latency.ok > 0
                 mode = replace(
                     mode,
@@ -371,6 +433,7 @@ class CompareRun:
         finally:
             if prog:
                 prog.done()
+            mirror.stop()
             mode = self._finish_mode(mode, srv, raw_log, sampler)
             self._put_mode(mode, idx)
             if prog and mode.stop:
@@ -446,7 +509,10 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
     if not host.exhausted and a.category == "oom_host":
         # analyze guessed the OOM killer from the offload size alone; the measurement says no.
         analysis = replace(
-            a, category="unknown", rule_id=None, title="The engine died with no exception",
+            a,
+            category="unknown",
+            rule_id=None,
+            title="The engine died with no exception",
             summary=host_spared(host),
         )
         return replace(mode, analysis=analysis)

@@ -38,7 +38,16 @@ GUARD = str(Path(__file__).with_name("guard.py"))
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM reached offload-doctor; unwinds through the same cleanup as Ctrl+C."""
+    """SIGTERM (or SIGHUP, SIGQUIT) reached offload-doctor; unwinds through the same cleanup
+    as Ctrl+C."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# A closed terminal or a dropped ssh session (SIGHUP) and Ctrl+\ (SIGQUIT) must clean up too.
+TERMINATING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @dataclass(slots=True)
@@ -399,29 +408,30 @@ def _sigint_deferred() -> Iterator[None]:
     def note(signum: int, frame: FrameType | None) -> None:
         pending.append(signum)
 
-    old_int = signal.signal(signal.SIGINT, note)
-    old_term = signal.signal(signal.SIGTERM, note)
+    old = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, *TERMINATING)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     if pending:
-        raise Terminated() if pending[-1] == signal.SIGTERM else KeyboardInterrupt()
+        raise Terminated(pending[-1]) if pending[-1] in TERMINATING else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """While active, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread."""
+    """While active, SIGTERM, SIGHUP and SIGQUIT raise `Terminated` (a KeyboardInterrupt) in the
+    main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def raise_terminated(signum: int, frame: FrameType | None) -> None:
-        raise Terminated()
+        raise Terminated(signum)
 
-    old = signal.signal(signal.SIGTERM, raise_terminated)
+    old = {sig: signal.signal(sig, raise_terminated) for sig in TERMINATING}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

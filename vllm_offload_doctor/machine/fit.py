@@ -210,3 +210,34 @@ def plan(
         tokens=tokens,
         kv_per_token=shape.kv_bytes_per_token(tp) if shape else None,
     )
+
+
+def longest_fitting_len(
+    weights_bytes: float,
+    shape: ModelShape | None,
+    *,
+    tp: int,
+    gpu_total: float,
+    utilization: float,
+    limit: int,
+    kv_cache_dtype: str | None = None,
+) -> int | None:
+    """The longest max_model_len (up to `limit`) that fits with no offload; None when unknown,
+    0 when not even one token fits."""
+
+    def fits(length: int) -> bool:
+        p = plan(
+            weights_bytes, shape, tp=tp, gpu_total=gpu_total, utilization=utilization,
+            max_model_len=length, kv_cache_dtype=kv_cache_dtype,
+        )  # fmt: skip
+        return p.kv_cache is not None and (p.to_offload or 0) <= 0
+
+    if shape is None or shape.kv_bytes_per_token(tp) is None or limit < 1:
+        return None
+    if not fits(1):
+        return 0
+    lo, hi = 1, limit  # the KV cache grows with the length: the answer is a boundary
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
