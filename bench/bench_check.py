@@ -43,7 +43,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # This tree first, then whatever the caller's path adds (a dependency installed with --target).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     check = [sys.executable, "-m", "vllm_offload_doctor", "check", "--format", "json"]
     smi_path = shutil.which("nvidia-smi")
     smi = [smi_path, "-q"] if smi_path else None
@@ -73,6 +74,9 @@ def main() -> int:
         result["ratio_check_over_smi_median"] = statistics.median(check_t) / statistics.median(
             smi_t
         )
+    if 3 in check_rc:  # a bug of the doctor: the times would measure a crash
+        print("offload-doctor check crashed (exit 3); run it by hand to see why", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

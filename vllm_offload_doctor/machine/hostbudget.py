@@ -41,7 +41,9 @@ class HostBudget:
         rate = f"{RATE_LOW:g}-{DOUBLED_RATE if self.doubled else RATE_HIGH:g}"
         each = f"{rate} × {self.offload_gib:g} GiB + {CONSTANT_GIB:g} GiB"
         each = f"({each}) × {n} GPUs" if n > 1 else each
-        return f"~{self.low_gib:.0f}-{self.high_gib:.0f} GiB ({each})"
+        digits = 1 if self.high_gib < 10 else 0  # ~3.6 GiB, not ~4-4 GiB
+        low, high = f"{self.low_gib:.{digits}f}", f"{self.high_gib:.{digits}f}"
+        return f"~{low if low == high else f'{low}-{high}'} GiB ({each})"
 
     def to_dict(self) -> dict[str, object]:
         return {
