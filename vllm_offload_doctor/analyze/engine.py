@@ -56,6 +56,9 @@ _CUT_ALARM = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[")  # pr
 _STAMP = re.compile(r"\b(?:\d\d-\d\d|\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)\b")
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 MAX_EVIDENCE = 5
+# Evidence and notable lines are masked only when a start is judged (scrub_cut reads 4x the cut):
+# a crash loop's merged starts never pay for it.
+EVIDENCE_CUT, NOTABLE_CUT = 600, 400
 CONTEXT_LINES = 12
 _UNSEEN = object()
 _NUL_HOLE = re.compile("\0{16,}")
@@ -212,6 +215,7 @@ class _State:
         self.run_first_line = first_line
         self.run_sig = 0  # a fingerprint of the start's lines, pids and times left out
         self.run_visible = False  # whether the start holds a line the streaming path sees
+        self.open_now = -1  # _open's bits, or -1: to be computed
         self.clues = verdict.Clues()
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
@@ -236,6 +240,7 @@ class _State:
 
     def feed(self, line: Line) -> None:
         self.last_no = line.no
+        self.open_now = -1
         report = self.reports.feed(line)
         if report is not None:
             if report == "shell prompt":
@@ -277,7 +282,7 @@ class _State:
         if is_exception or (
             line.level in ("ERROR", "CRITICAL") and not msg.startswith(("File ", "^", "~"))
         ):
-            ev = Evidence(line.no, scrub_cut(line.text, 400))
+            ev = Evidence(line.no, line.text[: NOTABLE_CUT * 4])
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -302,7 +307,7 @@ class _State:
             self.matched.append(rule.id)
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
-                hit.evidence.append(Evidence(line.no, scrub_cut(line.text, 600)))
+                hit.evidence.append(Evidence(line.no, line.text[: EVIDENCE_CUT * 4]))
         self.recent.append((line.no, msg))
 
     def _armed(self) -> bool:
@@ -330,16 +335,18 @@ class _State:
         self.stamp_text = None
         return True
 
-    def _open(self) -> tuple[bool, ...]:
-        """The bounded or one-time clues a line could still add to (a replay must not skip them)."""
-        c = self.clues
-        return (
-            self._armed(),
-            c.interrupt is None,
-            len(c.stack) < 3,
-            len(c.deaths) < 3,
-            len(c.wrapped) < verdict.MAX_EXCEPTIONS,
-        )
+    def _open(self) -> int:
+        """The bounded or one-time clues a line could still add to, as bits (replays keep them)."""
+        if self.open_now < 0:  # only a line fed in full changes them
+            c = self.clues
+            self.open_now = (
+                self._armed()
+                | (c.interrupt is None) << 1
+                | (len(c.stack) < 3) << 2
+                | (len(c.deaths) < 3) << 3
+                | (len(c.wrapped) < verdict.MAX_EXCEPTIONS) << 4
+            )
+        return self.open_now
 
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
         """The rules whose patterns match this line, with their named groups (cached by text)."""
@@ -389,8 +396,9 @@ class _State:
             isinstance(plan, repeats.Plan)
             and plan.reports == self.reports.state(no)
             # A plan made in an earlier start: its rules' first match in this one is fed in full.
-            and all(r in self.hits for r in plan.rules)
-            and all(seen or not now for seen, now in zip(plan.open, self._open(), strict=True))
+            and (not plan.rules or all(r in self.hits for r in plan.rules))
+            # Nothing open now that was closed when the plan was made (its effect is the same).
+            and not (self._open() & ~plan.open)
         ):
             self._replay(no, raw.rstrip(), plan)
             return
@@ -467,7 +475,7 @@ class _State:
             if plan.frame_entry is not None:
                 self.clues.frame = (Evidence(no, scrub_cut(text, 400)), plan.frame_entry)
         if plan.notable:
-            ev = Evidence(no, scrub_cut(text, 400))
+            ev = Evidence(no, text[: NOTABLE_CUT * 4])
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -476,7 +484,7 @@ class _State:
             hit = self.hits[rule_id]
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
-                hit.evidence.append(Evidence(no, scrub_cut(text, 600)))
+                hit.evidence.append(Evidence(no, text[: EVIDENCE_CUT * 4]))
         self.recent.append((no, plan.msg))
 
     # -- server starts (runs.py) -----------------------------------------------------------
@@ -546,7 +554,11 @@ class _State:
             )
             if not rule.conditions_hold(values):
                 continue
-            evidence = tuple(hit.evidence) if hit else _fact_evidence(facts, self.collector, rule)
+            evidence = (
+                tuple(_scrubbed(hit.evidence, EVIDENCE_CUT))
+                if hit
+                else _fact_evidence(facts, self.collector, rule)
+            )
             groups = hit.groups if hit else {}
             findings.append(verdict.rule_finding(rule, values, evidence, groups=groups))
         findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
@@ -568,7 +580,11 @@ class _State:
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()
         if not findings:
-            notable = (*self.clues.deaths, *self.notable_first, *self.notable_last)
+            notable = (
+                *self.clues.deaths,
+                *_scrubbed(self.notable_first, NOTABLE_CUT),
+                *_scrubbed(self.notable_last, NOTABLE_CUT),
+            )
             notable = tuple({e.line: e for e in notable}.values())
         final = _verdict(
             facts,
@@ -657,6 +673,10 @@ class _State:
         if phase is None and self.collector.phase == "start":
             return "unknown"  # nothing in the log places the failure
         return phase or self.collector.phase
+
+
+def _scrubbed(evidence: Iterable[Evidence], limit: int) -> list[Evidence]:
+    return [Evidence(e.line, scrub_cut(e.text, limit)) for e in evidence]
 
 
 def _resolve_runner(facts: Facts) -> None:

@@ -59,4 +59,4 @@ class Plan:
     # What a later start (its own state, see runs.py) needs to replay it as feeding it would.
     fatal: bool = False  # an exception or a fatal hint: the start's first fatal line
     dated: bool = False  # a vLLM time stamp (the start's first time)
-    open: tuple[bool, ...] = ()  # engine._State._open when it was seen: what it did not add to
+    open: int = 0  # engine._State._open when it was seen (bits): what it did not add to

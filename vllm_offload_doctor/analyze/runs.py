@@ -38,17 +38,21 @@ MAX_RUNS = 200  # entries kept in `runs` (the latest); a crash loop's identical 
 class Splitter:
     """Says, line by line, whether a new server start begins (a few substring tests a line)."""
 
-    __slots__ = ("pids", "seen", "visible")
+    __slots__ = ("head", "pids", "seen", "visible")
 
     def __init__(self, visible: Callable[[str], bool]) -> None:
         self.visible = visible  # whether a line holds a prefilter word (see the module's note)
         self.seen = 0  # the markers the current start printed (bits)
         self.pids: dict[str, str] = {}  # process name -> its pid in the current start
+        self.head = "\0"  # `(Name pid=N)` of a line whose pid is known: most lines repeat it
 
     def new_start(self, raw: str, ended: Callable[[], bool]) -> bool:
         """Whether `raw` begins a new start; `ended`: whether the current one has ended."""
-        m = _PID.search(raw, 0, 160) if " pid=" in raw[:160] else None
         marker = _marker(raw)
+        if raw.startswith(self.head):
+            m = None  # the pid of the last such line, known already
+        else:
+            m = _PID.search(raw, 0, 160) if raw.find(" pid=", 0, 160) >= 0 else None
         if m is not None:
             name, pid = m.groups()
             known = self.pids.get(name)
@@ -56,21 +60,28 @@ class Splitter:
                 if known is not None and ended():
                     self.pids = {name: pid}
                     self.seen = marker
+                    self.head = m.group(0) if m.start() == 0 else "\0"
                     return True
                 self.pids[name] = pid  # a second process of that name, or a restart not yet seen
+            if self.pids.get(name) == pid and m.start() == 0:
+                self.head = m.group(0)
         if not marker or not self.visible(raw):
             return False
         # A start begins when a marker comes again; a command line comes before all of them.
         new = bool(self.seen & marker) if marker != COMMAND else self.seen != 0
         self.seen = marker if new else self.seen | marker
         if new:
+            if m is None and raw.startswith(self.head):
+                m = _PID.match(raw)
             self.pids = {m.group(1): m.group(2)} if m else {}
+            self.head = m.group(0) if m is not None and m.start() == 0 else "\0"
         return new
 
     def hole(self) -> None:
         """A NUL hole: what follows is another writer, a start of its own."""
         self.seen = 0
         self.pids = {}
+        self.head = "\0"
 
 
 def _marker(raw: str) -> int:
