@@ -153,3 +153,12 @@ def test_a_new_pid_after_a_shutdown_is_a_new_start() -> None:
     a = analyze.analyze_lines([*log, other])
     assert [r.verdict.category for r in a.runs] == [Category.HEALTHY, Category.UNKNOWN]
     assert a.verdict.category is Category.UNKNOWN  # the last start failed: never the healthy one
+
+
+def test_args_printed_twice_before_start_up_is_one_start() -> None:
+    # A launcher that echoes the args, then vLLM's own line: no phase between them, no restart.
+    lines = OOM.decode().splitlines()
+    args = next(i for i, line in enumerate(lines) if "non-default args" in line)
+    a = analyze.analyze_lines([*lines[: args + 1], *lines[args:]])
+    assert len(a.runs) == 1 and a.runs[0].starts == 1
+    assert a.verdict.category is Category.OOM_WEIGHTS

@@ -384,7 +384,7 @@ class _State:
 
     def _feed_raw(self, no: int, raw: str) -> None:
         # In an input that holds pasted reports (compare's commands.txt), a command line is theirs.
-        if self.splitter.new_start(raw, self._ended) and not self.reports.kinds:
+        if self.splitter.new_start(raw, self._ended, self._progressed) and not self.reports.kinds:
             self.new_start(no)
         if not self.run_visible:
             self.run_visible = self.splitter.visible(raw)
@@ -497,6 +497,10 @@ class _State:
             or c.interrupt is not None
             or self.collector.facts.shut_down
         )
+
+    def _progressed(self) -> bool:
+        """Whether the current start got past its header: a start-up phase, or its end."""
+        return self.collector.phase != "start" or self._ended()
 
     def hole(self, no: int) -> None:
         """A hole of NUL bytes at line `no`: another writer's lines follow."""

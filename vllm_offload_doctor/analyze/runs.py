@@ -6,8 +6,8 @@ writers in one file with a hole of NUL bytes between. Each start is judged on it
 is cut off and decides nothing, the last start that does).
 
 A start prints its markers once: the command line (first), the version banner and `non-default
-args` (in either order: 0.33 prints the args first). A marker that comes again, or a command line
-after any marker, begins a new start; so does a new pid of the server's own processes once the
+args` (in either order: 0.33 prints the args first). A marker that comes again once the start got
+past them (a start-up phase, or its end), or a command line after any marker, begins a new start; so does a new pid of the server's own processes once the
 start before has ended (a fatal line, a death, a shutdown), and a NUL hole.
 
 Only lines that hold a word of the engine's prefilter may move a boundary, so the streaming path
@@ -46,8 +46,14 @@ class Splitter:
         self.pids: dict[str, str] = {}  # process name -> its pid in the current start
         self.head = "\0"  # `(Name pid=N)` of a line whose pid is known: most lines repeat it
 
-    def new_start(self, raw: str, ended: Callable[[], bool]) -> bool:
-        """Whether `raw` begins a new start; `ended`: whether the current one has ended."""
+    def new_start(
+        self, raw: str, ended: Callable[[], bool], progressed: Callable[[], bool]
+    ) -> bool:
+        """Whether `raw` begins a new start.
+
+        `ended`: whether the current start has ended; `progressed`: whether it got past its header
+        (a banner or args line printed twice in a row is one start's, not a restart).
+        """
         marker = _marker(raw)
         if raw.startswith(self.head):
             m = None  # the pid of the last such line, known already
@@ -68,7 +74,8 @@ class Splitter:
         if not marker or not self.visible(raw):
             return False
         # A start begins when a marker comes again; a command line comes before all of them.
-        new = bool(self.seen & marker) if marker != COMMAND else self.seen != 0
+        repeated = bool(self.seen & marker) and progressed()
+        new = self.seen != 0 if marker == COMMAND else repeated
         self.seen = marker if new else self.seen | marker
         if new:
             if m is None and raw.startswith(self.head):
