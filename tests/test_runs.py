@@ -162,3 +162,13 @@ def test_args_printed_twice_before_start_up_is_one_start() -> None:
     a = analyze.analyze_lines([*lines[: args + 1], *lines[args:]])
     assert len(a.runs) == 1 and a.runs[0].starts == 1
     assert a.verdict.category is Category.OOM_WEIGHTS
+
+
+def test_markdown_and_html_list_the_earlier_failed_start(tmp_path: Path) -> None:
+    path = tmp_path / "two.log"
+    path.write_bytes(OOM + HEALTHY)
+    markdown = _cli(path, "--format", "markdown").stdout
+    assert "**2 server starts in this log:**" in markdown
+    assert re.search(r"^- earlier: lines 1-\d+: oom_weights", markdown, re.M), markdown
+    html = _cli(path, "--format", "html").stdout
+    assert re.search(r"<small>earlier: lines 1-\d+: oom_weights", html), html[-2000:]
