@@ -45,8 +45,15 @@ def test_compare_page_has_verdict_first_charts_and_commands(run: Path) -> None:
     assert verdict < chart < page.index('id="memory-chart"')
     assert page.index('id="memory-chart"') < page.index("<h2>Commands</h2>")
     assert report.modes[0].command[0] in page.split("<h2>Commands</h2>")[1]
-    # one stacked bar segment at least per mode that served
-    assert page.count('class="mem"') >= sum(1 for m in report.modes if m.log_facts)
+    # one stacked bar segment at least per mode that loaded or whose host memory was sampled
+    drawn = sum(
+        1
+        for m in report.modes
+        if (m.log_facts and (m.log_facts.model_loading_gib or m.log_facts.kv_cache_gib))
+        or (m.served and m.served.host_rss.total_mib)
+        or (m.host_memory and m.host_memory.peak_rss_gib)
+    )
+    assert drawn and page.count('class="mem"') >= drawn
     # nothing is fetched at view time
     assert "<link" not in page and "src=" not in page
 

@@ -34,6 +34,11 @@ def _summary(a: analyze.Analysis) -> dict[str, object]:
         "summary": a.verdict.summary,
         "findings": [(f.rule_id, [e.line for e in f.evidence]) for f in a.findings],
         "notable": [e.line for e in a.notable],
+        # Each server start (runs.py) split at the same lines and judged alike on every path.
+        "runs": [
+            (r.first_line, r.last_line, r.starts, r.verdict.category.value, r.verdict.rule_id, r.offload.status.value)
+            for r in a.runs
+        ],
     }
 
 

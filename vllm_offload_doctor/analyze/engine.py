@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor.analyze import logread, raises, repeats, reports, stack, verdict
+from vllm_offload_doctor.analyze import logread, raises, repeats, reports, runs, stack, verdict
 from vllm_offload_doctor.analyze.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
@@ -56,8 +56,12 @@ _CUT_ALARM = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[")  # pr
 _STAMP = re.compile(r"\b(?:\d\d-\d\d|\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)\b")
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 MAX_EVIDENCE = 5
+# Evidence and notable lines are masked only when a start is judged (scrub_cut reads 4x the cut):
+# a crash loop's merged starts never pay for it.
+EVIDENCE_CUT, NOTABLE_CUT = 600, 400
 CONTEXT_LINES = 12
 _UNSEEN = object()
+_NUL_HOLE = re.compile("\0{16,}")
 
 
 @dataclass(slots=True)
@@ -108,15 +112,19 @@ class Engine:
             raise InputError(f"{name}: no such file")
         return self.analyze_source(logread.Source(name, path))
 
+    def visible(self, raw: str) -> bool:
+        """Whether a line holds a word that every prefilter keeps (the streaming path sees it)."""
+        return self._find_served(raw.encode(), 0) is not None
+
     def analyze_lines(self, lines: Iterable[str], name: str = "<lines>") -> Analysis:
-        state = _State(self.rules, self.knowledge)
+        state = _State(self.rules, self.knowledge, self.visible)
         for no, raw in enumerate(lines, start=1):
             for part in split_long(raw.rstrip("\n")):
                 state.feed_raw(no, part)
         return state.finish(name, lines_read=state.last_no)
 
     def _analyze_stream(self, stream: Any, name: str) -> Analysis:
-        state = _State(self.rules, self.knowledge)
+        state = _State(self.rules, self.knowledge, self.visible)
         error: str | None = None
         line_base = 0
         first = True
@@ -140,6 +148,17 @@ class Engine:
         return state.finish(name, lines_read=line_base, error=error)
 
     def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
+        if b"\0" not in block:
+            self._scan(block, line_base, state)
+            return
+        # A hole of NUL bytes: a second writer's lines follow (runs.py); each side is scanned.
+        for i, part in enumerate(logread.NUL_HOLE.split(block)):
+            if i:
+                state.hole(line_base + 1)
+            self._scan(part, line_base, state)
+            line_base += part.count(b"\n")
+
+    def _scan(self, block: bytes, line_base: int, state: _State) -> None:
         # One search per interesting line: after a hit, resume at the next line (linear time).
         find = self._find_served if state.collector.served_requests else self._find
         feed = state.feed_raw
@@ -171,36 +190,49 @@ class _State:
 
     replay = True  # repeated lines replayed from their plan (tests compare with False)
 
-    def __init__(self, rules: Sequence[Rule], knowledge: Knowledge) -> None:
+    def __init__(
+        self, rules: Sequence[Rule], knowledge: Knowledge, visible: Callable[[str], bool]
+    ) -> None:
         self.rules = rules
         self.knowledge = knowledge
-        self.clues = verdict.Clues()
         self.matching = [r for r in rules if r.patterns]
         self._rule_words = span_finder(
             literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
         )
         self._by_line = any(r.where == "line" for r in self.matching)
         self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
+        self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
+        self.matched: list[str] = []  # rule ids matched by the line being fed
+        self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
+        self.saw_level = False
+        self.last_no = 0
+        self.splitter = runs.Splitter(visible)
+        self.runs = runs.Runs()
+        self._start_run(1)
+
+    def _start_run(self, first_line: int) -> None:
+        """What belongs to one server start; the caches above serve every start."""
+        self.run_first_line = first_line
+        self.run_sig = 0  # a fingerprint of the start's lines, pids and times left out
+        self.run_visible = False  # whether the start holds a line the streaming path sees
+        self.open_now = -1  # _open's bits, or -1: to be computed
+        self.clues = verdict.Clues()
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
         self.notable_first: list[Evidence] = []
         self.notable_last: deque[Evidence] = deque(maxlen=6)
         self.ready_line: int | None = None
         self.first_fatal_line: int | None = None
-        self.last_no = 0
         # (line, message) of the last lines: the context of a rule's first match.
         self.recent: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
-        self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
-        self.matched: list[str] = []  # rule ids matched by the line being fed
         self.reports = reports.Reports()
-        self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
         # Dating an undated V2 run: 'Using V2 Model Runner' exists from 0.16; a loading line with
         # four decimals is the %.4f of V1 <=0.11 (or V2 0.12-0.13), two or fewer is format_gib (0.14+).
         self.v2_banner = False
         self.loading_4dp: bool | None = None
         self.first_stamp: int | None = None  # seconds of the day of the first dated line
         self.last_stamp: int | None = None
-        self.saw_level = False
+        self.stamp_text: str | None = None  # a replayed dated line later than last_stamp, unread
         self.interrupt_after: float | None = None
         # An engine-level alarm (CRITICAL/ERROR line, death, wrapper) after the server came up:
         # readiness followed by a fatal event is not healthy.
@@ -208,6 +240,7 @@ class _State:
 
     def feed(self, line: Line) -> None:
         self.last_no = line.no
+        self.open_now = -1
         report = self.reports.feed(line)
         if report is not None:
             if report == "shell prompt":
@@ -226,25 +259,16 @@ class _State:
         if self.ready_line is None and self.collector.facts.reached_ready:
             self.ready_line = line.no
         wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
-        stamp = _STAMP.search(line.text[:80]) if line.level else None
-        if stamp is not None:
-            secs = int(stamp[1]) * 3600 + int(stamp[2]) * 60 + int(stamp[3])
-            if self.first_stamp is None:
-                self.first_stamp = secs
-            self.last_stamp = secs
+        if line.level:
+            self._stamp(line.text)
         if self.clues.interrupt is None and (_INTERRUPT.search(msg) or line.text.startswith("^C")):
             self.clues.interrupt = Evidence(line.no, scrub_cut(line.text, 400))
+            if self.stamp_text is not None:
+                self._stamp(self.stamp_text)
             if self.first_stamp is not None and self.last_stamp is not None:
                 self.interrupt_after = (self.last_stamp - self.first_stamp) % 86400
         if (
-            self.alarm_after_up is None
-            and self.clues.interrupt is None  # errors while stopping on Ctrl+C are not the cause
-            and not self.collector.facts.shut_down
-            and (
-                self.ready_line is not None
-                or self.collector.serving_setup
-                or self.collector.served_requests
-            )
+            self._armed()
             and (wrapper or line.level in ("ERROR", "CRITICAL") or _CUT_ALARM.match(msg))
             and not _request_level(line)
         ):
@@ -258,7 +282,7 @@ class _State:
         if is_exception or (
             line.level in ("ERROR", "CRITICAL") and not msg.startswith(("File ", "^", "~"))
         ):
-            ev = Evidence(line.no, scrub_cut(line.text, 400))
+            ev = Evidence(line.no, line.text[: NOTABLE_CUT * 4])
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -283,8 +307,46 @@ class _State:
             self.matched.append(rule.id)
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
-                hit.evidence.append(Evidence(line.no, scrub_cut(line.text, 600)))
+                hit.evidence.append(Evidence(line.no, line.text[: EVIDENCE_CUT * 4]))
         self.recent.append((line.no, msg))
+
+    def _armed(self) -> bool:
+        """Whether an alarm line now would be a fatal event after the server came up."""
+        return bool(
+            self.alarm_after_up is None
+            and self.clues.interrupt is None  # errors while stopping on Ctrl+C are not the cause
+            and not self.collector.facts.shut_down
+            and (
+                self.ready_line is not None
+                or self.collector.serving_setup
+                or self.collector.served_requests
+            )
+        )
+
+    def _stamp(self, text: str) -> bool:
+        """Note the time of a dated line; False when it has none."""
+        stamp = _STAMP.search(text[:80])
+        if stamp is None:
+            return False
+        secs = int(stamp[1]) * 3600 + int(stamp[2]) * 60 + int(stamp[3])
+        if self.first_stamp is None:
+            self.first_stamp = secs
+        self.last_stamp = secs
+        self.stamp_text = None
+        return True
+
+    def _open(self) -> int:
+        """The bounded or one-time clues a line could still add to, as bits (replays keep them)."""
+        if self.open_now < 0:  # only a line fed in full changes them
+            c = self.clues
+            self.open_now = (
+                self._armed()
+                | (c.interrupt is None) << 1
+                | (len(c.stack) < 3) << 2
+                | (len(c.deaths) < 3) << 3
+                | (len(c.wrapped) < verdict.MAX_EXCEPTIONS) << 4
+            )
+        return self.open_now
 
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
         """The rules whose patterns match this line, with their named groups (cached by text)."""
@@ -309,13 +371,39 @@ class _State:
     # -- repeated lines (repeats.py) -------------------------------------------------------
     def feed_raw(self, no: int, raw: str) -> None:
         """Feed one raw line; one that repeats an earlier line but for pid and time is replayed."""
-        key = repeats.key(raw) if self.replay else None
-        plan = self.plans.get(key, _UNSEEN) if key is not None else None
-        if isinstance(plan, repeats.Plan) and plan.reports == self.reports.state(no):
+        if "\0" in raw:
+            parts = _NUL_HOLE.split(raw)
+            if len(parts) > 1:  # two writers' lines either side of a hole (runs.py)
+                for i, part in enumerate(parts):
+                    if i:
+                        self.hole(no)
+                    if part:
+                        self._feed_raw(no, part)
+                return
+        self._feed_raw(no, raw)
+
+    def _feed_raw(self, no: int, raw: str) -> None:
+        # In an input that holds pasted reports (compare's commands.txt), a command line is theirs.
+        if self.splitter.new_start(raw, self._ended, self._progressed) and not self.reports.kinds:
+            self.new_start(no)
+        if not self.run_visible:
+            self.run_visible = self.splitter.visible(raw)
+        key = repeats.key(raw)
+        # The same fingerprint on both paths: identical starts are merged alike (runs.Runs.repeat).
+        self.run_sig = hash((self.run_sig, key if key is not None else raw, no - self.run_first_line))
+        plan = self.plans.get(key, _UNSEEN) if self.replay and key is not None else None
+        if (
+            isinstance(plan, repeats.Plan)
+            and plan.reports == self.reports.state(no)
+            # A plan made in an earlier start: its rules' first match in this one is fed in full.
+            and (not plan.rules or all(r in self.hits for r in plan.rules))
+            # Nothing open now that was closed when the plan was made (its effect is the same).
+            and not (self._open() & ~plan.open)
+        ):
             self._replay(no, raw.rstrip(), plan)
             return
         line = parse(no, raw)
-        if key is None or plan is None:
+        if plan is None or key is None:
             self.feed(line)
             return
         self.plans.remember(key, 2 * len(key), self._observe(line, raw))
@@ -331,10 +419,11 @@ class _State:
         exceptions = len(clues.exceptions)
         notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
         report_lines, report_state = self.reports.lines, self._reports_state(line.no)
-        events = (clues.raised, clues.interrupt, len(clues.wrapped), self.alarm_after_up)
+        open_before = self._open()
+        events = self._events()
         self.matched.clear()
         self.feed(line)
-        if events != (clues.raised, clues.interrupt, len(clues.wrapped), self.alarm_after_up):
+        if events != self._events():
             return None  # an exception, an interrupt, a wrapped message, a fatal line after ready
         framed = bool(frames) and frames[-1] is not last_frame
         if line.text != raw.rstrip() or (not framed and self.collector.touches(line.text)):
@@ -355,17 +444,38 @@ class _State:
             self.notable_last[-1] if self.notable_last else None,
         )
         frame = (frames[-1][1], frames[-1][2]) if framed else None
-        return repeats.Plan(line.msg, frame, entry, notable, tuple(self.matched), report_state)
+        return repeats.Plan(
+            line.msg,
+            frame,
+            entry,
+            notable,
+            tuple(self.matched),
+            report_state,
+            fatal=bool(_EXCEPTION.match(line.msg) or _FATAL_HINT.search(line.msg)),
+            dated=bool(line.level) and _STAMP.search(line.text[:80]) is not None,
+            open=open_before,
+        )
+
+    def _events(self) -> tuple[Any, ...]:
+        c = self.clues
+        return (c.raised, c.interrupt, len(c.wrapped), len(c.stack), self.alarm_after_up)
 
     def _replay(self, no: int, text: str, plan: repeats.Plan) -> None:
         """What `feed` does for a repeat of a line whose plan this is, without parsing it."""
         self.last_no = no
+        if plan.fatal and self.first_fatal_line is None:
+            self.first_fatal_line = no
+        if plan.dated:
+            if self.first_stamp is None:
+                self._stamp(text)
+            else:
+                self.stamp_text = text  # read only if an interrupt needs it
         if plan.frame is not None:
             self.collector.add_frame(no, *plan.frame)
             if plan.frame_entry is not None:
                 self.clues.frame = (Evidence(no, scrub_cut(text, 400)), plan.frame_entry)
         if plan.notable:
-            ev = Evidence(no, scrub_cut(text, 400))
+            ev = Evidence(no, text[: NOTABLE_CUT * 4])
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
@@ -374,11 +484,49 @@ class _State:
             hit = self.hits[rule_id]
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
-                hit.evidence.append(Evidence(no, scrub_cut(text, 600)))
+                hit.evidence.append(Evidence(no, text[: EVIDENCE_CUT * 4]))
         self.recent.append((no, plan.msg))
+
+    # -- server starts (runs.py) -----------------------------------------------------------
+    def _ended(self) -> bool:
+        """Whether the current start has ended: a fatal line, a death, an interrupt, a shutdown."""
+        c = self.clues
+        return bool(
+            self.first_fatal_line is not None
+            or c.deaths
+            or c.interrupt is not None
+            or self.collector.facts.shut_down
+        )
+
+    def _progressed(self) -> bool:
+        """Whether the current start got past its header: a start-up phase, or its end."""
+        return self.collector.phase != "start" or self._ended()
+
+    def hole(self, no: int) -> None:
+        """A hole of NUL bytes at line `no`: another writer's lines follow."""
+        self.splitter.hole()
+        self.new_start(no)
+
+    def new_start(self, no: int) -> None:
+        """A server start begins at line `no`: judge the one before on its own, then start afresh."""
+        if self.run_visible:
+            last = no - 1
+            if not self.runs.repeat(self.run_sig, last):
+                run = self._finish_run("", last)
+                self.runs.add(self.run_first_line, last, run, self._decides(run), self.run_sig)
+        self._start_run(no)
 
     # -- verdict ----------------------------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
+        last = self._finish_run(name, lines_read, error)
+        end = max(lines_read, self.run_first_line)
+        return self.runs.result(self.run_first_line, end, last, self._decides(last))
+
+    def _decides(self, run: Analysis) -> bool:
+        """Whether a start shows an outcome: a cause, an error line, or its end (not a cut-off)."""
+        return run.verdict.category is not Category.UNKNOWN or bool(run.notable) or self._ended()
+
+    def _finish_run(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
         facts = self.collector.finish()
         self.reports.fill(facts)
         _resolve_runner(facts)
@@ -410,7 +558,11 @@ class _State:
             )
             if not rule.conditions_hold(values):
                 continue
-            evidence = tuple(hit.evidence) if hit else _fact_evidence(facts, self.collector, rule)
+            evidence = (
+                tuple(_scrubbed(hit.evidence, EVIDENCE_CUT))
+                if hit
+                else _fact_evidence(facts, self.collector, rule)
+            )
             groups = hit.groups if hit else {}
             findings.append(verdict.rule_finding(rule, values, evidence, groups=groups))
         findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
@@ -432,7 +584,11 @@ class _State:
         offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
         notable: tuple[Evidence, ...] = ()
         if not findings:
-            notable = (*self.clues.deaths, *self.notable_first, *self.notable_last)
+            notable = (
+                *self.clues.deaths,
+                *_scrubbed(self.notable_first, NOTABLE_CUT),
+                *_scrubbed(self.notable_last, NOTABLE_CUT),
+            )
             notable = tuple({e.line: e for e in notable}.values())
         final = _verdict(
             facts,
@@ -521,6 +677,10 @@ class _State:
         if phase is None and self.collector.phase == "start":
             return "unknown"  # nothing in the log places the failure
         return phase or self.collector.phase
+
+
+def _scrubbed(evidence: Iterable[Evidence], limit: int) -> list[Evidence]:
+    return [Evidence(e.line, scrub_cut(e.text, limit)) for e in evidence]
 
 
 def _resolve_runner(facts: Facts) -> None:

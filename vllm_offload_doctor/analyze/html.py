@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from vllm_offload_doctor.analyze.model import Analysis
+from vllm_offload_doctor.analyze.render import run_lines
 from vllm_offload_doctor.html import esc, page
 
 SORT_JS = """
@@ -52,10 +53,11 @@ def render_triage_html(
         v = a.verdict
         ev = a.findings[0].evidence if a.findings else a.notable
         evidence = "\n".join(f"{x.line}: {x.text}" for x in ev[:5])
+        starts = "".join(f"<br><small>{e(line)}</small>" for line in run_lines(a))
         body.append(
             f'<tr class="{e(v.category.value)}"><td>{e(a.file)}</td><td>{e(v.category.value)}</td>'
             f"<td>{e(v.rule_id or '')}</td><td>{e(a.offload.status.value)}</td>"
-            f'<td class="v"><strong>{e(v.title)}</strong><br>{e(v.summary)}</td>'
+            f'<td class="v"><strong>{e(v.title)}</strong><br>{e(v.summary)}{starts}</td>'
             f"<td>{f'<pre>{e(evidence)}</pre>' if evidence else ''}</td></tr>"
         )
     body.append("</tbody></table>")

@@ -18,6 +18,7 @@ import importlib.util
 import io
 import lzma
 import os
+import re
 import stat
 import sys
 import zlib
@@ -446,12 +447,18 @@ def iter_blocks(stream: BinaryIO) -> Iterator[bytes]:
         yield carry + b"\n"
 
 
+NUL_HOLE = re.compile(rb"\x00{16,}")
+
+
 def looks_binary(sample: bytes) -> bool:
     """NUL bytes or mostly non-text bytes in the first block: not a log."""
     if not sample:
         return False
-    if b"\x00" in sample[:8192]:
-        return True
     window = sample[:8192]
+    if b"\x00" in window:
+        # A run of NULs is a hole two writers left in a text file (runs.py); lone NULs are not.
+        window = NUL_HOLE.sub(b"", window)
+        if b"\x00" in window or not window:
+            return True
     text_bytes = sum(1 for b in window if b in b"\t\n\r\f\x1b" or 32 <= b < 127 or b >= 128)
     return text_bytes / len(window) < 0.85

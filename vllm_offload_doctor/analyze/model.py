@@ -143,6 +143,18 @@ class Offload:
 
 
 @dataclass(frozen=True, slots=True)
+class Run:
+    """One server start in a log (a restart appended, a crash loop, two writers in one file)."""
+
+    first_line: int
+    last_line: int
+    verdict: Verdict
+    offload: Offload
+    facts: Facts
+    starts: int = 1  # consecutive starts that ended the same way, merged into this entry
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     file: str
     verdict: Verdict
@@ -153,6 +165,9 @@ class Analysis:
     notable: tuple[Evidence, ...] = ()  # most relevant lines when nothing matched
     error: str | None = None  # input problem that still produced a verdict (e.g. truncated gzip)
     notes: tuple[str, ...] = ()  # what the analysis could not do (a rule that timed out)
+    # Every start, in order; the fields above are the last start's (the last that decides, when
+    # the last is cut off before it shows anything).
+    runs: tuple[Run, ...] = ()
 
     @property
     def failed(self) -> bool:

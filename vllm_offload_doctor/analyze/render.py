@@ -130,6 +130,11 @@ class Renderer:
             "reached ready" if f.reached_ready else "never ready",
         ]
         out += _wrap("  facts:    ", ", ".join(b for b in bits if b))
+        starts = run_lines(a)
+        if starts:
+            out += _wrap("  starts:   ", f"{sum(r.starts for r in a.runs)} server starts in this log")
+            for line in starts:
+                out += _wrap("    ", self._r(line), "      ")
         if len(f.ranks) > 1:
             for rank in f.ranks.values():
                 out += _wrap("    ", _rank_line(rank).strip(), "      ")
@@ -204,6 +209,11 @@ class Renderer:
             f"<sub>vLLM {f.vllm_version or 'unknown'} · runner {f.model_runner} · "
             f"rule {v.rule_id or 'none'} · offload-doctor</sub>"
         )
+        starts = run_lines(a)
+        if starts:
+            out += [f"**{sum(r.starts for r in a.runs)} server starts in this log:**", ""]
+            out += [f"- {self._r(line)}" for line in starts]
+            out.append("")
         if a.error:
             out.append(f"\n> Note: {self._r(a.error)}")
         out.extend(f"\n> Note: {self._r(n)}" for n in a.notes)
@@ -245,6 +255,26 @@ class Renderer:
         if errors:
             out.append(f"{len(errors)} input(s) could not be read")
         return "\n".join(out)
+
+
+def run_lines(a: Analysis) -> list[str]:
+    """Earlier failed starts a line each, then the last; a crash loop's identical starts are one.
+
+    Empty for a log of one start (nothing to add to its verdict).
+    """
+    if len(a.runs) < 2 and not (a.runs and a.runs[0].starts > 1):
+        return []
+    out = []
+    for r in a.runs:
+        v, last = r.verdict, r is a.runs[-1]
+        if v.category is Category.HEALTHY and not last:
+            continue  # a start that came up and was stopped: nothing to triage
+        same = f"; the same failure, {r.starts} times" if r.starts > 1 else ""
+        out.append(
+            f"{'last' if last else 'earlier'}: lines {r.first_line}-{r.last_line}: "
+            f"{v.category.value} — {v.title}" + (f" [{v.rule_id}]" if v.rule_id else "") + same
+        )
+    return out
 
 
 def _wrap(prefix: str, text: str, indent: str | None = None) -> list[str]:

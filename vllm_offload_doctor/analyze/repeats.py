@@ -56,3 +56,7 @@ class Plan:
     notable: bool  # listed among the notable lines
     rules: tuple[str, ...]  # ids of the rules whose patterns matched
     reports: tuple[Any, ...]  # the pasted-report reader's state it was seen in
+    # What a later start (its own state, see runs.py) needs to replay it as feeding it would.
+    fatal: bool = False  # an exception or a fatal hint: the start's first fatal line
+    dated: bool = False  # a vLLM time stamp (the start's first time)
+    open: int = 0  # engine._State._open when it was seen (bits): what it did not add to

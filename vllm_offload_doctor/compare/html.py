@@ -104,6 +104,8 @@ def memory_bars(report: CompareReport) -> str:
     for m in report.modes:
         f = m.log_facts
         rss = m.served.host_rss.total_mib / 1024 if m.served else None
+        if rss is None and m.host_memory is not None:
+            rss = m.host_memory.peak_rss_gib  # a mode that died: the peak the sampler saw
         parts = (
             f.model_loading_gib if f else None,
             f.kv_cache_gib if f else None,

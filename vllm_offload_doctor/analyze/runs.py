@@ -1,0 +1,152 @@
+"""Server starts in one log: where a new one begins, and the per-start results kept.
+
+A file may hold several starts: a restart appended to the same file, a crash-looping pod, two
+writers in one file with a hole of NUL bytes between. Each start is judged on its own lines
+(engine._State starts afresh at each boundary); the result is the last start's (or, when that one
+is cut off and decides nothing, the last start that does).
+
+A start prints its markers once: the command line (first), the version banner and `non-default
+args` (in either order: 0.33 prints the args first). A marker that comes again once the start got
+past them (a start-up phase, or its end), or a command line after any marker, begins a new start; so does a new pid of the server's own processes once the
+start before has ended (a fatal line, a death, a shutdown), and a NUL hole.
+
+Only lines that hold a word of the engine's prefilter may move a boundary, so the streaming path
+(which sees those lines only) and the line-by-line path split at the same lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from vllm_offload_doctor.analyze.model import Analysis, Run
+
+# A shell prompt (or none), then the server's command: never a message that quotes `vllm serve`,
+# nor argparse's `vllm serve: error: ...` (its program name).
+_COMMAND = re.compile(
+    r"^\s*(?:[\w@.:~/-]*[$#%>]\s*|\+\s*)?(?:\S*/)?(?:vllm serve(?=\s|$)|python[\d.]* -m vllm\.entrypoints\.)"
+)
+_BANNER = re.compile(r"vLLM (?:API )?server version \S|\S\s{2,}version\s+\d+\.\d+")
+# The server's own processes: one pid each per start (workers and DP ranks have their own names).
+_PID = re.compile(r"\((APIServer|EngineCore(?:_DP)?\d*) pid=(\d+)\)")
+COMMAND, BANNER, ARGS = 1, 2, 4  # a start's markers, as bits
+MAX_RUNS = 200  # entries kept in `runs` (the latest); a crash loop's identical starts are one
+
+
+class Splitter:
+    """Says, line by line, whether a new server start begins (a few substring tests a line)."""
+
+    __slots__ = ("head", "pids", "seen", "visible")
+
+    def __init__(self, visible: Callable[[str], bool]) -> None:
+        self.visible = visible  # whether a line holds a prefilter word (see the module's note)
+        self.seen = 0  # the markers the current start printed (bits)
+        self.pids: dict[str, str] = {}  # process name -> its pid in the current start
+        self.head = "\0"  # `(Name pid=N)` of a line whose pid is known: most lines repeat it
+
+    def new_start(
+        self, raw: str, ended: Callable[[], bool], progressed: Callable[[], bool]
+    ) -> bool:
+        """Whether `raw` begins a new start.
+
+        `ended`: whether the current start has ended; `progressed`: whether it got past its header
+        (a banner or args line printed twice in a row is one start's, not a restart).
+        """
+        marker = _marker(raw)
+        if raw.startswith(self.head):
+            m = None  # the pid of the last such line, known already
+        else:
+            m = _PID.search(raw, 0, 160) if raw.find(" pid=", 0, 160) >= 0 else None
+        if m is not None:
+            name, pid = m.groups()
+            known = self.pids.get(name)
+            if known != pid and self.visible(raw):
+                if known is not None and ended():
+                    self.pids = {name: pid}
+                    self.seen = marker
+                    self.head = m.group(0) if m.start() == 0 else "\0"
+                    return True
+                self.pids[name] = pid  # a second process of that name, or a restart not yet seen
+            if self.pids.get(name) == pid and m.start() == 0:
+                self.head = m.group(0)
+        if not marker or not self.visible(raw):
+            return False
+        # A start begins when a marker comes again; a command line comes before all of them.
+        repeated = bool(self.seen & marker) and progressed()
+        new = self.seen != 0 if marker == COMMAND else repeated
+        self.seen = marker if new else self.seen | marker
+        if new:
+            if m is None and raw.startswith(self.head):
+                m = _PID.match(raw)
+            self.pids = {m.group(1): m.group(2)} if m else {}
+            self.head = m.group(0) if m is not None and m.start() == 0 else "\0"
+        return new
+
+    def hole(self) -> None:
+        """A NUL hole: what follows is another writer, a start of its own."""
+        self.seen = 0
+        self.pids = {}
+        self.head = "\0"
+
+
+def _marker(raw: str) -> int:
+    if "non-default args" in raw:
+        return ARGS
+    if "version" in raw and _BANNER.search(raw):
+        return BANNER
+    if ("vllm serve" in raw or "vllm.entrypoints" in raw) and _COMMAND.match(raw):
+        return COMMAND
+    return 0
+
+
+def _same(run: Run, a: Analysis) -> bool:
+    """The same failure: category, rule and offload status (line numbers and times may differ)."""
+    v = a.verdict
+    return (run.verdict.category, run.verdict.rule_id, run.offload.status) == (
+        v.category,
+        v.rule_id,
+        a.offload.status,
+    )
+
+
+class Runs:
+    """The starts judged so far: consecutive ones that ended the same way share an entry."""
+
+    def __init__(self) -> None:
+        self.entries: deque[Run] = deque(maxlen=MAX_RUNS)
+        self.last_event: Analysis | None = None  # the latest start that names an outcome
+        self.last_sig: int | None = None  # the fingerprint of the latest start's lines
+
+    def repeat(self, sig: int, last: int) -> bool:
+        """A start whose lines repeat the one before (but for pids and times): merged unjudged."""
+        if sig != self.last_sig or not self.entries:
+            return False
+        prev = self.entries[-1]
+        self.entries[-1] = replace(prev, last_line=last, starts=prev.starts + 1)
+        return True
+
+    def add(self, first: int, last: int, a: Analysis, decides: bool, sig: int | None = None) -> None:
+        """`decides`: the start shows an outcome (a start cut off after its banner shows none)."""
+        self.last_sig = sig
+        if decides:
+            self.last_event = a
+        prev = self.entries[-1] if self.entries else None
+        if prev is not None and _same(prev, a):
+            self.entries[-1] = replace(prev, last_line=last, starts=prev.starts + 1)
+            return
+        self.entries.append(Run(first, last, a.verdict, a.offload, a.facts))
+
+    def result(self, first: int, last: int, final: Analysis, decides: bool) -> Analysis:
+        """The file's result: the last start's (the last that decides, when it does not), with all."""
+        self.add(first, last, final, decides)
+        chosen = final if decides or self.last_event is None else self.last_event
+        return replace(
+            chosen,
+            file=final.file,
+            lines_read=final.lines_read,
+            error=final.error,
+            notes=final.notes,
+            runs=tuple(self.entries),
+        )
