@@ -72,7 +72,9 @@ def test_catalogued_config_message_gives_bad_args(prefix: str, message: catalogu
     if a.findings and a.findings[0].precedence > RAISE_PRECEDENCE:
         assert a.verdict.category is not Category.CRASH_OTHER  # a specific rule decides
         return
-    assert _lent(a) and a.verdict.category is Category.BAD_ARGS, (exc, a.verdict)
+    # The subsystem whose modules raise it names the category: config validation gives bad_args.
+    lends = {r.entry.category for r in RAISES.raised if r.template == message.template}
+    assert _lent(a) and lends == {a.verdict.category}, (exc, a.verdict)
     top = a.findings[0]
     assert "vLLM raises this message in " in top.message and "releases " in top.message
     assert top.evidence[-1].text.endswith(exc)
@@ -205,3 +207,11 @@ def test_after_readiness_a_config_message_lends_nothing() -> None:
         ]
     )
     assert not _lent(served) and served.verdict.category is not Category.BAD_ARGS
+
+
+def test_ray_cluster_messages_lend_distributed() -> None:
+    # Raised only by the Ray cluster set-up (ray_utils.py): the module names the subsystem.
+    exc = "ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement group."
+    a = analyze_lines(_log("0.4-0.6", exc, "0.5.3"))
+    assert _lent(a) and a.verdict.category is Category.DISTRIBUTED
+    assert "vllm/executor/ray_utils.py" in a.findings[0].message
