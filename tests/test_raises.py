@@ -215,3 +215,11 @@ def test_ray_cluster_messages_lend_distributed() -> None:
     a = analyze_lines(_log("0.4-0.6", exc, "0.5.3"))
     assert _lent(a) and a.verdict.category is Category.DISTRIBUTED
     assert "vllm/executor/ray_utils.py" in a.findings[0].message
+
+
+def test_offloader_messages_lend_offload_error() -> None:
+    # Raised only by the offloaders' own code: offload was active and it failed.
+    exc = "AssertionError: CPU storage not initialized"
+    a = analyze_lines(_log("0.11+ (docker)", exc, "0.25.1"))
+    assert _lent(a) and a.verdict.category is Category.OFFLOAD_ERROR
+    assert "vllm/model_executor/offloader/" in a.findings[0].message
