@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.analyze.model import Evidence, Finding
+from vllm_offload_doctor.analyze.patterns import Bounded
 from vllm_offload_doctor.analyze.rules import Rule, builtin_rules_dir
 
 FORMAT = "stack-messages/2"
@@ -54,9 +55,10 @@ def _core(template: str) -> str:
     return max(_HOLE.split(_first_line(template)), key=len).strip()
 
 
-def _text_pattern(template: str) -> re.Pattern[str]:
+def _text_pattern(template: str) -> Bounded:
+    """Literal parts escaped, holes lazy: RE2 runs it in linear time however long the line."""
     parts = _HOLE.split(_first_line(template))
-    return re.compile(".+?".join(re.escape(p) for p in parts).strip())
+    return Bounded(".+?".join(re.escape(p) for p in parts).strip())
 
 
 class StackMap:
