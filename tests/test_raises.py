@@ -72,7 +72,9 @@ def test_catalogued_config_message_gives_bad_args(prefix: str, message: catalogu
     if a.findings and a.findings[0].precedence > RAISE_PRECEDENCE:
         assert a.verdict.category is not Category.CRASH_OTHER  # a specific rule decides
         return
-    assert _lent(a) and a.verdict.category is Category.BAD_ARGS, (exc, a.verdict)
+    # The subsystem whose modules raise it names the category: config validation gives bad_args.
+    lends = {r.entry.category for r in RAISES.raised if r.template == message.template}
+    assert _lent(a) and lends == {a.verdict.category}, (exc, a.verdict)
     top = a.findings[0]
     assert "vLLM raises this message in " in top.message and "releases " in top.message
     assert top.evidence[-1].text.endswith(exc)
@@ -233,3 +235,19 @@ def test_a_stale_or_damaged_lending_set_is_derived_again(monkeypatch, tmp_path):
     assert raises._cached(knowledge) is None
     monkeypatch.setattr(raises, "_BUILTIN", None)
     assert builtin_raises().patterns == RAISES.patterns  # derived from the catalogue instead
+
+
+def test_ray_cluster_messages_lend_distributed() -> None:
+    # Raised only by the Ray cluster set-up (ray_utils.py): the module names the subsystem.
+    exc = "ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement group."
+    a = analyze_lines(_log("0.4-0.6", exc, "0.5.3"))
+    assert _lent(a) and a.verdict.category is Category.DISTRIBUTED
+    assert "vllm/executor/ray_utils.py" in a.findings[0].message
+
+
+def test_offloader_messages_lend_offload_error() -> None:
+    # Raised only by the offloaders' own code: offload was active and it failed.
+    exc = "AssertionError: CPU storage not initialized"
+    a = analyze_lines(_log("0.11+ (docker)", exc, "0.25.1"))
+    assert _lent(a) and a.verdict.category is Category.OFFLOAD_ERROR
+    assert "vllm/model_executor/offloader/" in a.findings[0].message

@@ -22,7 +22,8 @@ CASES = {
     # LABELING.md: no exception under a large offload is oom_host (the kernel's OOM killer).
     "worker-died-exit-9.log": ("oom_host", "OOM005", "effective", ("2 x --cpu-offload-gb", "about 96 GiB", "OOM killer")),
     "hf-gated-ray-prefix.log": ("model_download", "DL001", "not_requested", ()),
-    "uva-not-available-v2-wsl.log": ("offload_error", "OFF006", None, ()),
+    # Under WSL2 the UVA failure follows from WSL's pinned-memory default (corpus label: wsl).
+    "uva-not-available-v2-wsl.log": ("wsl", "WSL001", None, ()),
     "graph-capture-oom-0.33.log": ("oom_runtime", "OOM004", "not_requested", ("CUDA-graph",)),
     "v0-profile-run-oom-0.4.log": ("oom_runtime", "OOM004", "not_requested", ()),
     "nccl-after-oom.log": ("oom_weights", "OOM003", "not_requested", ()),

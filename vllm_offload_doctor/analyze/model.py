@@ -63,6 +63,8 @@ class Finding:
     links: tuple[str, ...] = ()
     evidence: tuple[Evidence, ...] = ()
     precedence: int = 0
+    # The library message of the stack catalogue the finding rests on: library, file, versions.
+    library_message: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

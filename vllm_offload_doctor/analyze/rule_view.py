@@ -130,6 +130,13 @@ def _source_lines(sources: Sequence[Source]) -> list[str]:
     return [f"{s.where}  {s.span}  ({s.kind} {s.type})" for s in sources]
 
 
+def _library_lines(rule: Rule) -> list[str]:
+    """Messages of the libraries under vLLM that lend this rule's category (the stack catalogue)."""
+    from vllm_offload_doctor.analyze.stack import builtin_stack, describe
+
+    return [f"{describe(m)} -> {m.category}" for m in builtin_stack().for_rule(rule.id)]
+
+
 def user_text(rule: Rule, sources: Sequence[Source]) -> str:
     """The user view of one rule, wrapped at 80 columns."""
     head = f"{rule.id} ({rule.name}): {rule.title}"
@@ -150,6 +157,11 @@ def user_text(rule: Rule, sources: Sequence[Source]) -> str:
     lines += ["", "Source (vLLM file and versions)"]
     for line in _source_lines(sources) or ["no vLLM message is catalogued"]:
         lines += textwrap.wrap(line, WIDTH, initial_indent="  ", subsequent_indent="      ")
+    library = _library_lines(rule)
+    if library:
+        lines += ["", "Library messages it reads (library, file and versions)"]
+        for line in library:
+            lines += _hang(line)
     lines += ["", "--verbose: the rule file, its patterns and its conditions"]
     return "\n".join(lines)
 
@@ -180,6 +192,10 @@ def markdown_rule(rule: Rule, sources: Sequence[Source]) -> str:
     if sources:
         out += ["Source (vLLM file and versions):", ""]
         out += [f"- `{s}`" for s in _source_lines(sources)]
+    library = _library_lines(rule)
+    if library:
+        out += ["", "Library messages it reads (library, file and versions):", ""]
+        out += [f"- {line}" for line in library]
     return "\n".join(out).rstrip() + "\n"
 
 

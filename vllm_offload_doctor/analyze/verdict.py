@@ -68,10 +68,10 @@ class Clues:
     def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
         """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
         msg = line.msg
-        if len(self.stack) < 3 and ("cudaError" in msg or "Error while" in msg):
+        if len(self.stack) < 3:
             from vllm_offload_doctor.analyze.stack import builtin_stack
 
-            lent = builtin_stack().find(msg)
+            lent = builtin_stack().find(msg) if builtin_stack().may_hold(msg) else None
             if lent is not None:
                 self.stack.append((Evidence(line.no, scrub_cut(line.text, 400)), lent))
         if frames and frames[-1][0] == line.no:
