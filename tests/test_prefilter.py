@@ -9,6 +9,7 @@ import pytest
 from shared_corpus import CORPUS
 
 from vllm_offload_doctor.analyze import engine as analyze
+from vllm_offload_doctor.analyze import patterns
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
@@ -33,9 +34,14 @@ def test_re2_and_re_fallback_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     with_re2 = analyze.Engine()
     assert type(with_re2._prefilter).__module__.startswith("re2")
     monkeypatch.setitem(sys.modules, "re2", None)  # import re2 now fails: the fallback
-    with_re = analyze.Engine()
-    assert type(with_re._prefilter).__module__ == "re"
-    assert _verdicts(with_re2) == _verdicts(with_re)
+    # Matchers are compiled once per process: a process without RE2 never had RE2 ones.
+    patterns._literal_matcher.cache_clear()
+    try:
+        with_re = analyze.Engine()
+        assert type(with_re._prefilter).__module__ == "re"
+        assert _verdicts(with_re2) == _verdicts(with_re)
+    finally:
+        patterns._literal_matcher.cache_clear()
 
 
 def test_serving_stats_lines_are_not_candidates() -> None:
