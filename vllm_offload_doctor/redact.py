@@ -15,10 +15,15 @@ API for the commands (all pure, all linear-time):
 - `is_secret_name(name)`: a variable or key name that holds a credential.
 - `is_secret_env(name)`: the same for environment variables, a wider net (`*_KEY`, `*_PASS`).
 
-Recognised: URL userinfo passwords, PEM private-key blocks, `key=value` / `key: value` /
-JSON / Python-repr pairs and `--option value` pairs whose key names a secret, `Authorization:`
-and `Bearer` values, known token prefixes (Hugging Face, GitHub, OpenAI, Slack, AWS, GitLab,
-Google, Stripe), JWTs, and long high-entropy base64 runs. Every pattern runs under RE2 (an
+Recognised by structure first: every URL's userinfo (any scheme, raw or percent-encoded, with
+or without a scheme), the value of any key, flag, variable, header, JSON/YAML/dict field or
+query parameter whose name is of a secret family (pass, pwd, secret, token, key, auth,
+credential, sig, signature, cookie, session, private, PAT) in any quoting (raw, backslash- or
+HTML-escaped, bytes reprs), every value of a multi-valued `--api-key`, a k8s `name:`/`value:`
+pair, PEM blocks of any type, webhook paths; then by shape: known token prefixes, JWTs, and
+random runs of 20+ characters (an entropy and character-class test that flags none of the
+labelled corpus's 2,512 such runs). Across lines, a token a line wrap split in two is masked
+on both lines. Every pattern runs under RE2 (an
 automaton: linear in the input whatever the input; no backtracking), on lines the reader has
 already capped at 256 KiB. A line with more than MAX_PLACES matches of one pattern (a crafted
 or junk line) keeps its first MAX_PLACES masked places and loses the rest to CROWDED: the
@@ -31,6 +36,7 @@ environment through `scrub_env`, every free text through `scrub_text`, every rec
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections import Counter
@@ -45,9 +51,11 @@ MASK = "***"
 
 # Names a key or variable ends with when it holds a credential (`tokens`, `tokenizer` do not).
 _SECRET_WORDS = (
-    r"token|secret|secret[_-]?key|passw(?:or)?d|passphrase|pass|[_-]pwd|credentials?|auth|authorization"
+    r"token|secret|secret[_-]?key|passw(?:or)?d|passphrase|passcode|pass|[_-]pwd|credentials?"
+    r"|auth|authorization|(?:\b|_)key|(?:\b|_)sig|signature|cookies?|session(?:[_-]?id)?"
+    r"|private(?:[_-]?key)?(?:[_-]?id)?|[_-]pat"
     r"|(?:api|access|private|signing|client|master|encryption|account|storage)[_-]?key"
-    r"|apikey|cookie|signature"
+    r"|apikey"
 )
 _NAME = re2.compile(rf"(?i)(?:{_SECRET_WORDS})$")
 # Values that say nothing secret (`'hf_token': True` means "use the cached token").
@@ -70,36 +78,76 @@ _TOKENS = (
 _TOKEN = re2.compile(_TOKENS)
 _KEY_WORDS = _SECRET_WORDS.replace("|authorization", "")  # Authorization has its own pass
 _VALUE = r"[^\s'\",;})\]\\]+"
+_QUOTE = r"(?:\\?[\"'`]|&quot;|&#3[49];|&apos;)"  # raw, backslash-escaped or HTML-escaped
 # One pattern per place, applied in turn. Each is linear under RE2, and the parts that could
-# keep a failing alternative alive for long (the `[...]` list) are bounded, so that `sub`
-# never re-scans far past a match: total cost stays linear in the line.
-_URL = re2.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{1,20}://)([^\s/@:'\"]{0,256}):([^\s/@'\"]{1,256})@")
-_CURL_USER = re2.compile(r"((?:^|\s)(?:-u|--user)(?:=|\s{1,3})[\"']?[^\s:'\"]{1,256}:)([^\s'\"]{1,256})")
-_URL_ENC = re2.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s/@:'\"%]{0,256}%3[Aa])([^\s/@'\"]{1,256})@")
+# keep a failing alternative alive for long are bounded, so that `sub` never re-scans far past
+# a match: total cost stays linear in the line.
+_SCHEME = r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://"
+# user:password@host. The password runs to the last `@` before the host (a raw `@` or `/` in a
+# password is common in pasted URLs), within one run of non-blanks.
+_URL = re2.compile(rf"({_SCHEME})([^\s/@:'\"]{{0,256}}):([^\s'\"<>]{{1,256}})@([\w\[])")
+# A lone userinfo (`https://<token>@github.com`): masked unless it reads as a plain user name.
+_URL_USER = re2.compile(rf"({_SCHEME})([^\s/@:'\"]{{1,256}})@([\w\[])")
+_PLAIN_USER = re2.compile(r"[a-z_][a-z0-9._-]{0,31}")
+# Percent-encoded userinfo: `https://u%3Apw@h`, and a whole URL encoded (`https%3A%2F%2Fu%3Apw%40h`).
+_URL_ENC = re2.compile(
+    r"((?:\b[A-Za-z][A-Za-z0-9+.-]{1,20}://|(?i:%3A%2F%2F))[^\s/@:'\"%]{0,256}(?i:%3A|:))"
+    r"([^\s/@'\"]{1,256}?)(@|(?i:%40))"
+)
+# No scheme (a file name, `alice:pw@host.log`): user:password@a.dotted.host.
+_BARE_USERINFO = re2.compile(
+    r"((?:^|[\s/=_(\[])[A-Za-z0-9._-]{1,64}:)([^\s/@:'\"]{3,256})@([A-Za-z0-9-]+\.[A-Za-z0-9.-])"
+)
+_CURL_USER = re2.compile(
+    r"((?:^|\s)(?:-u|--user)(?:=|\s{1,3})[\"']?[^\s:'\"]{1,256}:)([^\s'\"]{1,256})"
+)
 _AUTH = re2.compile(
     r"((?i:\b(?:proxy-)?authorization)[\"']?\s{0,5}[:=]\s{0,5}[\"']?"
     r"(?i:(?:bearer|basic|token|digest|negotiate|apikey)\s{1,5})?)"
     rf"({_VALUE})"
 )
 _BEARER = re2.compile(r"((?i:\bbearer)\s{1,5})([A-Za-z0-9._~+/=-]{8,})")
-_OPT = re2.compile(
-    rf"(--[A-Za-z0-9_-]{{0,40}}?(?i:{_SECRET_WORDS})(?:=|\s{{1,3}}))([^\s'\"-][^\s'\"]*)"
-)
+# A value: a word, or one that starts with a single dash (`--api-key -k3J9...`); not `--next`.
+_ARG = r"(?:-[^\s'\"-]|[^\s'\"-])[^\s'\"]*"
+# `--api-key K1 K2 ...`: every value until the next option.
+_MULTI_OPT = re2.compile(rf"(--api[_-]keys?(?:=|\s{{1,3}}))({_ARG}(?:\s{{1,3}}{_ARG}){{0,32}})")
+_OPT = re2.compile(rf"(--[A-Za-z0-9_-]{{0,40}}?(?i:{_SECRET_WORDS})(?:=|\s{{1,3}}))({_ARG})")
 _KEY = re2.compile(
-    rf"((?i:{_KEY_WORDS})\\?[\"']?\s{{0,5}}[:=]\s{{0,5}}\\?)"
+    rf"((?i:{_KEY_WORDS}){_QUOTE}?\s{{0,5}}(?:[:=]|&#61;)\s{{0,5}}\\?(?:&quot;|&#3[49];|&apos;|[bB]['\"])?)"
     # One group for the value (a list, a quoted string or a bare word): fewer group look-ups per
     # match, which is most of the cost on a line crowded with `token=` pairs.
-    r"(\[[^\]\n]{0,200}\]|\"[^\"\n\\]*\"?|'[^'\n\\]*'?"
+    r"(\[[^\]\n]*\]?|\"[^\"\n\\]*\"?|'[^'\n\\]*'?|`[^`\n]*`?"
     rf"|{_VALUE})"
 )
-# Last, so that a long harmless run never hides a key=value inside it.
-_BLOB = re2.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
-_PEM_BEGIN = re2.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
-_PEM_END = re2.compile(r"-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
-_PEM_BODY = re2.compile(
-    r"^(?P<pre>(?:.{0,200}[\s:|])?)(?P<body>[A-Za-z0-9+/]{16,}={0,2}|[A-Za-z0-9+/]+=)\s{0,8}$"
+# An environment entry spelt as name and value (k8s YAML and JSON, docker inspect):
+# `name: HF_TOKEN, value: X`, `{"name": "HF_TOKEN", "value": "X"}`.
+_ENV_WORDS = rf"(?:{_SECRET_WORDS}|_PAT|_KEY|_PASS|_CREDS)"
+_NAMED_VALUE = re2.compile(
+    rf"((?i:\bname){_QUOTE}?\s{{0,5}}[:=]\s{{0,5}}{_QUOTE}?[A-Za-z0-9_.-]{{0,80}}(?i:{_ENV_WORDS})"
+    rf"{_QUOTE}?\s{{0,5}},?\s{{0,5}}{_QUOTE}?(?i:value){_QUOTE}?\s{{0,5}}[:=]\s{{0,5}}{_QUOTE}?)"
+    rf"({_VALUE})"
 )
+_NAME_ONLY = re2.compile(
+    rf"^\s{{0,40}}-?\s{{0,5}}(?i:name){_QUOTE}?\s{{0,5}}:\s{{0,5}}{_QUOTE}?"
+    rf"[A-Za-z0-9_.-]{{0,80}}(?i:{_ENV_WORDS}){_QUOTE}?\s{{0,5}},?\s{{0,5}}$"
+)
+_VALUE_ONLY = re2.compile(rf"^(\s{{0,40}}(?i:value){_QUOTE}?\s{{0,5}}:\s{{0,5}})(.+)$")
+# A webhook's path holds its secret: `/webhooks/<id>/<token>`, Teams' `/webhookb2/...`.
+_WEBHOOK = re2.compile(r"((?i:/(?:api/)?(?:webhooks?|webhookb2|hooks)/))([^\s'\"<>?#]{6,})")
+_BLOB = re2.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
+# PEM blocks of any type (keys, certificates, parameters): masked whole.
+_PEM_BEGIN = re2.compile(r"-----BEGIN [A-Z0-9 ]{1,60}-----")
+_PEM_END = re2.compile(r"-----END [A-Z0-9 ]{1,60}-----")
+_PEM_BODY = re2.compile(r"^(?P<pre>(?:.{0,200}[\s:|])?)(?P<body>[A-Za-z0-9+/]{1,}={0,2})\s{0,8}$")
 _PEM_HEADER = re2.compile(r"(?:Proc-Type|DEK-Info|Comment):|^\s{0,200}$")
+MAX_PEM_LINES = 400  # a block longer than this (a 16 kbit key is ~190 lines) was not closed
+# Partial tokens at the end of a line (cut or wrapped there): prefix and a few characters.
+_TAIL_TOKEN = re2.compile(
+    r"(?:\bhf_|\bgh[pousr]_|\bgithub_pat_|\bsk-|\b[sr]k_(?:live|test)_|\bxox[abeoprs]-|\bglpat-"
+    r"|\bAIza|\beyJ)[A-Za-z0-9_-]{0,19}$"
+)
+_EDGE_TAIL = re2.compile(r"[A-Za-z0-9+/=_.~-]{1,256}$")
+_EDGE_HEAD = re2.compile(r"^[A-Za-z0-9+/=_.~-]{1,256}")
 
 _HOME = re2.compile(r"(/home/|/Users/)[^/\s'\"]+")
 _ROOT_HOME = re2.compile(r"(^|[^\w/])/root/")
@@ -122,27 +170,82 @@ def _harmless(value: str) -> bool:
     return value.strip().strip("'\"").lower() in _HARMLESS
 
 
+def _entropy(text: str) -> float:
+    n = len(text)
+    return -sum(k / n * math.log2(k / n) for k in Counter(text).values())
+
+
 def _random(run: str) -> bool:
-    """A long run of mixed upper, lower and digits with high character entropy: a key."""
+    """A run of mixed upper, lower and digits with high character entropy: a key."""
     core = run.rstrip("=")
     if core.startswith(("_Z", "__Z")):
         return False  # a mangled C++ symbol
     if not (any(c.isupper() for c in core) and any(c.islower() for c in core)):
         return False
-    if not any(c.isdigit() for c in core) and "+" not in core and "/" not in core:
-        return False
-    if "/" in core and any(len(s) >= 6 and s.lower() == s for s in core.split("/")):
+    if "/" in core and any(
+        (len(s) >= 6 and s.lower() == s) or (len(s) >= 3 and s.isalpha() and s.islower())
+        for s in core.split("/")
+    ):
         return False  # a path: .../snapshots/<hex commit>/...
-    counts = Counter(core)
     n = len(core)
-    entropy = -sum(k / n * math.log2(k / n) for k in counts.values())
     # Random base64 of 32+ characters scores ~4.6-5.9; words, paths and hex stay below 4.4.
-    return entropy >= min(4.5, math.log2(n) - 0.5)
+    if n >= 32 and _entropy(core) >= min(4.5, math.log2(n) - 0.5):
+        return True
+    return n <= 64 and _short_random(core)  # a longer run that failed the entropy test is no key
+
+
+def _short_random(core: str) -> bool:
+    """Random draws change character class at almost every other step and rarely repeat;
+    names (`Qwen2VLForConditionalGeneration`, `Llama-3-8B-Instruct-GPTQ`) run in words."""
+    piece = max(core.replace("-", "_").split("_"), key=len)
+    strict = 0.0
+    if len(piece) < 16:  # base64url: `-` and `_` fall anywhere; in a name, between words
+        parts = core.replace("-", "_").split("_")
+        words = sum(1 for p in parts if len(p) >= 3 and p.isalpha() and _capitals(p) * 3 <= len(p))
+        if words * 3 >= len(parts):
+            return False  # `DeepSeek-R1-Distill-Qwen-32B-Q4_K_M`
+        piece, strict = "".join(parts), 0.1
+    if len(piece) < 16 or piece.isdigit():
+        return False
+    if not (any(c.isupper() for c in piece) and any(c.islower() for c in piece)):
+        return False
+    classes = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in piece]
+    changes = sum(a != b for a, b in itertools.pairwise(classes)) / len(piece)
+    if changes < (0.35 if "d" in classes else 0.45) + strict:
+        return False
+    longest_word = max((len(w) for w in _WORDS.findall(piece)), default=0)
+    return longest_word <= 7 and _entropy(piece) >= math.log2(len(piece)) - 0.9
+
+
+def _capitals(word: str) -> int:
+    return sum(1 for c in word if c.isupper())
+
+
+_WORDS = re2.compile(r"[A-Z]?[a-z]+")
 
 
 def _url(m: Any) -> str:
-    scheme, user = str(m.group(1)), str(m.group(2))
-    return f"{scheme}{_TOKEN.sub(MASK, user)}:{MASK}@"
+    scheme, user, host = str(m.group(1)), str(m.group(2)), str(m.group(4))
+    return f"{scheme}{_TOKEN.sub(MASK, user)}:{MASK}@{host}"
+
+
+def _url_user(m: Any) -> str:
+    scheme, user, host = str(m.group(1)), str(m.group(2)), str(m.group(3))
+    if _PLAIN_USER.fullmatch(user) and not _TOKEN.search(user):
+        return str(m.group(0))
+    return f"{scheme}{MASK}@{host}"
+
+
+def _bare_userinfo(m: Any) -> str:
+    return f"{m.group(1)}{MASK}@{m.group(3)}"
+
+
+def _tail_token(m: Any) -> str:
+    run = str(m.group(0))
+    rest = run[run.find("_") + 1 :] if "_" in run[:12] else run[3:]
+    if len(rest) >= 4 and any(c.isupper() or c.isdigit() for c in rest):
+        return MASK
+    return run
 
 
 def _prefixed(m: Any) -> str:
@@ -160,9 +263,10 @@ def _key(m: Any) -> str:
     key: str = str(m.group(1))
     value: str = str(m.group(2))
     first = value[0]
-    if first == "[" and value[-1] == "]":
-        return key + (value if not value[1:-1].strip() else f"['{MASK}']")
-    if first in "'\"":
+    if first == "[":
+        inner = value[1:-1] if value[-1] == "]" else value[1:]
+        return key + (value if not inner.strip() else f"['{MASK}']")
+    if first in "'\"`":
         close = first if len(value) > 1 and value[-1] == first else ""
         inner = value[1 : len(value) - len(close)]
         return key + (value if _harmless(inner) else f"{first}{MASK}{close}")
@@ -176,13 +280,19 @@ def _blob(m: Any) -> str:
 
 _PASSES: tuple[tuple[Any, Any], ...] = (
     (_URL, _url),
-    (_URL_ENC, lambda m: f"{m.group(1)}{MASK}@"),
+    (_URL_ENC, lambda m: f"{m.group(1)}{MASK}{m.group(3)}"),
+    (_URL_USER, _url_user),
+    (_BARE_USERINFO, _bare_userinfo),
     (_CURL_USER, _prefixed),
+    (_WEBHOOK, lambda m: f"{m.group(1)}{MASK}"),
     (_AUTH, _prefixed),
     (_BEARER, _bearer),
+    (_MULTI_OPT, _prefixed),
     (_OPT, _prefixed),
+    (_NAMED_VALUE, _prefixed),
     (_KEY, _key),
     (_TOKEN, MASK),
+    (_TAIL_TOKEN, _tail_token),
     (_BLOB, _blob),
 )
 
@@ -192,11 +302,12 @@ def _scrub_line(line: str) -> str:
         return line
     line = str.__str__(line)  # a plain str: re2 rebuilds results with type(text)()
     begin = _PEM_BEGIN.search(line)
-    if begin is not None:
+    while begin is not None:
         end = _PEM_END.search(line, begin.end())
         stop = end.start() if end else len(line)
         if line[begin.end() : stop].strip():
             line = line[: begin.end()] + MASK + line[stop:]
+        begin = _PEM_BEGIN.search(line, begin.end() + len(MASK)) if end else None
     for pattern, repl in _PASSES:
         line = _sub(pattern, repl, line)
     return line
@@ -229,32 +340,114 @@ def _sub(pattern: Any, repl: Any, line: str) -> str:
 
 
 class _PemState:
-    """Masks the body lines of a PEM private-key block that spans lines."""
+    """Line state across a text: the body of a PEM block that spans lines, the value line
+    under a YAML `- name: HF_TOKEN`, and a token that a line wrap split in two."""
 
     def __init__(self) -> None:
-        self.inside = False
+        self.inside = 0  # lines into an open PEM block; 0 outside one
+        self.named = False  # the previous line named a secret variable: `value:` is next
+        self.prev_raw = ""  # the previous line, unmasked, for the wrap check
+        self.wrapped = False  # this line continues a token: the previous line's tail is masked
 
     def line(self, raw: str) -> str:
+        out = self._line(raw)
+        self.wrapped = False
+        out = self._wrapped(raw, out)
+        self.prev_raw = raw
+        return out
+
+    def _line(self, raw: str) -> str:
         if self.inside:
-            if _PEM_END.search(raw):
-                self.inside = False
+            self.inside += 1
+            end = _PEM_END.search(raw)
+            if end is not None:
+                self.inside = 0
+                if raw[: end.start()].strip():
+                    return MASK + _scrub_line(raw[end.start() :])
                 return _scrub_line(raw)
             body = _PEM_BODY.search(raw)
-            if body is not None and _base64ish(str(body.group("body"))):
+            if body is not None and self.inside <= MAX_PEM_LINES and _key_material(body):
                 return str(body.group("pre")) + MASK
             if _PEM_HEADER.search(raw):
                 return _scrub_line(raw)
-            self.inside = False  # not a key body any more: a truncated block
+            self.inside = 0  # not a key body any more: a truncated block
+        if self.named:
+            self.named = False
+            value = _VALUE_ONLY.search(raw)
+            if value is not None and not _harmless(str(value.group(2))):
+                return str(value.group(1)) + MASK
         out = _scrub_line(raw)
-        if _PEM_BEGIN.search(raw) and not _PEM_END.search(raw):
-            self.inside = True
+        begins = list(_PEM_BEGIN.finditer(raw))
+        if begins and not _PEM_END.search(raw, begins[-1].end()):
+            self.inside = 1
+        self.named = bool(_NAME_ONLY.search(raw))
         return out
+
+    def _wrapped(self, raw: str, out: str) -> str:
+        """A token cut by a line wrap: the previous line's last run and this line's first, read
+        as one, are a secret that neither half shows. This line's half is masked; the previous
+        line's half is masked by its own end-of-line check (`_TAIL_TOKEN`, `_BLOB`)."""
+        prev = self.prev_raw
+        if len(prev) < 40 or not raw or raw[0].isspace() or raw.startswith("-----"):
+            return out
+        tail, head = _EDGE_TAIL.search(prev), _EDGE_HEAD.search(raw)
+        if tail is None or head is None or len(tail.group(0)) + len(head.group(0)) < 16:
+            return out
+        first = str(head.group(0))
+        if first in _LINE_WORDS or (first.isalpha() and first.islower()) or _capitalised(first):
+            return out  # a word (`INFO`, `Traceback`, `while`): not a token's end
+        start = max(0, tail.start() - 64)
+        joined = prev[start:] + first
+        cut = len(prev) - start
+        if _scrub_line(joined).endswith(joined[cut - 1 :]):
+            return out  # nothing masked across the break
+        self.wrapped = True
+        return out if out.startswith(MASK) else MASK + out[head.end() :]
+
+
+# Words a log line starts with: after a line that ends in a token, not the token's rest.
+_LINE_WORDS = frozenset({"INFO", "ERROR", "WARNING", "WARN", "DEBUG", "CRITICAL", "FATAL", "File"})
+
+
+def _capitalised(word: str) -> bool:
+    return word[:1].isupper() and word[1:].isalpha() and word[1:].islower()
+
+
+def _mask_tail(out: str) -> str:
+    """Mask the last run of a line whose token the next line continues."""
+    if out.endswith(MASK):
+        return out
+    tail = _EDGE_TAIL.search(out)
+    return out if tail is None else out[: tail.start()] + MASK
+
+
+def _key_material(body: Any) -> bool:
+    """A PEM body line: base64 alone on its line, or after a prefix a run no word looks like."""
+    run = str(body.group("body"))
+    if not body.group("pre").strip():
+        return True
+    return (
+        len(run) >= 16
+        or run.endswith("=")
+        or _mixed(run)
+        or any(c in "+/" or c.isdigit() for c in run)
+    )
+
+
+def _mixed(word: str) -> bool:
+    """Upper and lower case out of a word's usual order (`AbCdE`, not `Error` or `INFO`)."""
+    return any(c.isupper() for c in word[1:]) and any(c.islower() for c in word)
 
 
 def scrub_lines(lines: Iterable[str]) -> list[str]:
     """Mask secrets in consecutive lines (PEM blocks spanning lines included)."""
     pem = _PemState()
-    return [pem.line(line) for line in lines]
+    out: list[str] = []
+    for line in lines:
+        out.append(pem.line(line))
+        if pem.wrapped:
+            out[-2] = _mask_tail(out[-2])
+    return out
 
 
 def scrub_text(text: str) -> str:
@@ -269,7 +462,7 @@ def scrub_text(text: str) -> str:
 _MULTI_VALUED = frozenset({"api_key", "api_keys"})
 _SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate", "apikey"})
 _ARG_KEY = re2.compile(
-    rf"(?i)(?:(?:{_SECRET_WORDS})[\"']?\s{{0,5}}[:=]|--[A-Za-z0-9_-]{{0,40}}(?:{_SECRET_WORDS})"
+    rf"(?i)(?:(?:{_SECRET_WORDS}){_QUOTE}?\s{{0,5}}[:=]|--[A-Za-z0-9_-]{{0,40}}(?:{_SECRET_WORDS})"
     r"|\bbearer|\bbasic)\s{0,5}$"
 )
 
@@ -280,6 +473,10 @@ def scrub_argv(argv: Sequence[str]) -> list[str]:
     hide = 0  # values still to hide: 1 after `--token`, "all until the next option" = -1
     named = False  # the previous argument was a secret's name
     for arg in argv:
+        if out and out[-1] in ("-u", "--user") and ":" in arg:
+            user = arg.partition(":")[0]
+            out.append(f"{user}:{MASK}")  # curl's user:password
+            continue
         if hide and not (hide < 0 and arg.startswith("-")):
             if hide > 0 and arg.strip("'\"").lower() in _SCHEMES:
                 out.append(arg)  # `Authorization:` `Bearer` `<token>`: the token is next
@@ -364,9 +561,16 @@ def scrub_file(src: Path | str, dst: Path | str | None = None) -> None:
             open(src, encoding="utf-8", errors="replace", newline="") as fin,
             open(tmp, "w", encoding="utf-8", newline="") as fout,
         ):
+            held = ""  # one line held back: the next may show its tail is a wrapped token's
             for line in _pieces(fin):
                 body = line.rstrip("\r\n")
-                fout.write(pem.line(body) + line[len(body) :])
+                masked = pem.line(body) + line[len(body) :]
+                if pem.wrapped:
+                    end = held.rstrip("\r\n")
+                    held = _mask_tail(end) + held[len(end) :]
+                fout.write(held)
+                held = masked
+            fout.write(held)
         if dst is None:
             os.chmod(tmp, src.stat().st_mode & 0o7777)
             os.replace(tmp, src)
