@@ -149,9 +149,6 @@ _TAIL_TOKEN = re2.compile(
 _EDGE_TAIL = re2.compile(r"[A-Za-z0-9+/=_.~-]{1,256}$")
 _EDGE_HEAD = re2.compile(r"^[A-Za-z0-9+/=_.~-]{1,256}")
 
-_HOME = re2.compile(r"(/home/|/Users/)[^/\s'\"]+")
-_ROOT_HOME = re2.compile(r"(^|[^\w/])/root/")
-
 
 def is_secret_name(name: str) -> bool:
     """True for a variable, option or key name that may hold a credential."""
@@ -605,15 +602,232 @@ def value_is_set(value: Any) -> bool:
     )
 
 
-def redact(text: str, *, hosts: bool = False, home: bool = False) -> str:
-    """Mask secrets; optionally also host names and home-directory user names."""
-    text = scrub_text(text)
-    if home:
-        text = str(_HOME.sub(r"\1<user>", text))
-        text = str(_ROOT_HOME.sub(r"\1~/", text))
-    if hosts:
+# -- places: who and where (`--redact`) -----------------------------------------------------
+
+# Hosts everybody reaches: naming them says nothing about the user (and a reader needs them).
+_PUBLIC_HOSTS = (
+    "huggingface.co",
+    "hf.co",
+    "github.com",
+    "githubusercontent.com",
+    "pypi.org",
+    "pythonhosted.org",
+    "pytorch.org",
+    "nvidia.com",
+    "vllm.ai",
+    "python.org",
+    "modelscope.cn",
+    "docker.io",
+    "docker.com",
+    "ghcr.io",
+    "nvcr.io",
+    "ngc.nvidia.com",
+    "ubuntu.com",
+    "example.com",
+    "example.org",
+    "readthedocs.io",
+)
+_KEEP_IPS = frozenset({"0.0.0.0", "127.0.0.1", "255.255.255.255", "::1", "::"})
+# Endings of host names (not file suffixes: `.py`, `.pt`, `.md`, `.sh` are ccTLDs too).
+_TLDS = (
+    "com|net|org|io|ai|dev|app|cloud|internal|local|localdomain|lan|corp|intra|intranet|home"
+    "|arpa|edu|gov|mil|int|biz|info|co|uk|de|fr|nl|eu|cn|jp|kr|us|ca|au|ru|br|ch|se|no|es|it"
+    "|pl|tech|xyz|site|online|svc|cluster"
+)
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_EMAIL = re2.compile(rf"\b[A-Za-z0-9._%+-]{{1,64}}@((?:{_LABEL}\.){{1,8}}{_LABEL})\b")
+_URL_HOST = re2.compile(
+    r"(\b[A-Za-z][A-Za-z0-9+.-]{1,20}://(?:[^\s/@'\"]{0,256}@)?)([A-Za-z0-9._-]{1,253})"
+)
+_FQDN = re2.compile(rf"\b(?:{_LABEL}\.){{1,8}}(?i:{_TLDS})\b")
+_IPV4 = re2.compile(r"\b(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?\d)){3}\b")
+_IPV6 = re2.compile(
+    r"\b[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{0,4}){2,7}\b|\b[0-9A-Fa-f]{1,4}::[0-9A-Fa-f]{1,4}\b"
+)
+_AWS_HOST = re2.compile(r"\bip-\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3}\b")
+# Places that hold a bare host name: `host=gpu07`, `--host gpu07`, `hostname: gpu07`,
+# `node gpu07`, a shell prompt `alice@gpu07:~$`.
+_NAMED_HOST = re2.compile(
+    r"(?i:\b(?:host|hostname|host_name|node|node_name|nodename|server|master_addr|head)"
+    r"[\"']?\s{0,3}(?:=|:|\s)\s{0,3}[\"']?)([A-Za-z][A-Za-z0-9-]{2,62})\b"
+)
+_PROMPT = re2.compile(r"\b([a-z_][a-z0-9_-]{1,31})@([A-Za-z][A-Za-z0-9-]{1,62})(?::|\s|$)")
+_HOME_USER = re2.compile(r"(/home/|/Users/|(?i:[A-Z]:\\\\?Users\\\\?))([^/\\\s'\"]+)")
+_ROOT_HOME = re2.compile(r"(^|[^\w/])/root/")
+# Words the named-host places also hold in vLLM's own messages.
+_NOT_HOSTS = frozenset(
+    {
+        "localhost",
+        "none",
+        "null",
+        "true",
+        "false",
+        "the",
+        "and",
+        "not",
+        "any",
+        "all",
+        "auto",
+        "default",
+        "unknown",
+        "main",
+        "local",
+        "remote",
+        "port",
+        "address",
+        "name",
+        "list",
+    }
+)
+
+
+class Places:
+    """Placeholders for one report's hosts, addresses, e-mail addresses and user names: the
+    same value gets the same placeholder (`<host-1>`) wherever it appears in the report."""
+
+    def __init__(self) -> None:
+        self._names: dict[tuple[str, str], str] = {}
+        self._counts: Counter[str] = Counter()
+        self._hosts: dict[str, str] = {}  # learned bare host names -> placeholder
+        self._users: set[str] = set()
         for name in _host_names():
-            text = text.replace(name, "<host>")
+            self._learn_host(name)
+
+    def _name(self, kind: str, value: str) -> str:
+        key = (kind, value.lower())
+        if key not in self._names:
+            self._counts[kind] += 1
+            self._names[key] = f"<{kind}-{self._counts[kind]}>"
+        return self._names[key]
+
+    def _learn_host(self, host: str) -> str:
+        short = host.split(".", 1)[0]
+        # `gpu07` and `gpu07.acme.internal` are one machine: one placeholder.
+        key = ("host", short.lower()) if not _IPV4.fullmatch(host) else ("host", host)
+        place = self._names.get(key) or self._name("host", host)
+        self._names.setdefault(("host", host.lower()), place)
+        self._names.setdefault(key, place)
+        if len(host) > 2 and host.lower() not in _NOT_HOSTS:
+            self._hosts.setdefault(host, place)
+            if short != host and len(short) > 2 and short.lower() not in _NOT_HOSTS:
+                self._hosts.setdefault(short, place)
+        return place
+
+    def learn(self, text: str) -> None:
+        """Note the host and user names `text` shows, so every later mention is hidden too."""
+        for m in _URL_HOST.finditer(text):
+            host = str(m.group(2)).rstrip(".")
+            if _private_host(host) and not _IPV4.fullmatch(host):
+                self._learn_host(host)
+        for m in _NAMED_HOST.finditer(text):
+            host = str(m.group(1))
+            if host.lower() not in _NOT_HOSTS:
+                self._learn_host(host)
+        for m in _PROMPT.finditer(text):
+            self._users.add(str(m.group(1)))
+            if str(m.group(2)).lower() not in _NOT_HOSTS:
+                self._learn_host(str(m.group(2)))
+        for m in _HOME_USER.finditer(text):
+            self._users.add(str(m.group(2)))
+
+    def hide(self, text: str) -> str:
+        text = str.__str__(text)  # a plain str: re2 rebuilds results with type(text)()
+        self.learn(text)
+        text = _sub(_EMAIL, self._email, text)
+        text = _sub(
+            _HOME_USER, lambda m: f"{m.group(1)}{self._name('user', str(m.group(2)))}", text
+        )
+        text = str(_ROOT_HOME.sub(r"\1~/", text))
+        text = _sub(_PROMPT, self._prompt, text)
+        text = _sub(_FQDN, self._fqdn, text)
+        text = _sub(_URL_HOST, self._url_host, text)
+        text = _sub(_IPV6, self._ip, text)
+        text = _sub(_IPV4, self._ip, text)
+        text = _sub(_AWS_HOST, lambda m: self._name("host", str(m.group(0))), text)
+        for host in sorted(self._hosts, key=len, reverse=True):
+            if host in text:
+                text = _replace_word(text, host, self._hosts[host])
+        return text
+
+    def _email(self, m: Any) -> str:
+        whole = str(m.group(0))
+        return whole if not _private_host(str(m.group(1))) else self._name("email", whole)
+
+    def _prompt(self, m: Any) -> str:
+        user, host = str(m.group(1)), str(m.group(2))
+        rest = str(m.group(0))[len(user) + 1 + len(host) :]
+        if host.lower() in _NOT_HOSTS:
+            return str(m.group(0))
+        return f"{self._name('user', user)}@{self._learn_host(host)}{rest}"
+
+    def _fqdn(self, m: Any) -> str:
+        host = str(m.group(0))
+        return self._learn_host(host) if _private_host(host) else host
+
+    def _url_host(self, m: Any) -> str:
+        host = str(m.group(2))
+        if not _private_host(host.rstrip(".")) or host.startswith("<"):
+            return str(m.group(0))
+        if _IPV4.fullmatch(host):
+            return f"{m.group(1)}{self._name('ip', host)}"
+        return f"{m.group(1)}{self._learn_host(host)}"
+
+    def _ip(self, m: Any) -> str:
+        ip = str(m.group(0))
+        if ":" in ip and (
+            ip.endswith(":") or ip.startswith(":") or (ip.count(":") < 3 and "::" not in ip)
+        ):
+            return ip  # `c10::Error`, `std::`: C++ scopes, not addresses
+        if ip in _KEEP_IPS or ip.startswith("127.") or not _is_ip(ip):
+            return ip
+        return self._name("ip", ip)
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _private_host(host: str) -> bool:
+    """A host that names the user's site: not loopback, not a public service everybody uses."""
+    low = host.lower()
+    if not low or low == "localhost" or low in _KEEP_IPS or low.startswith("127."):
+        return False
+    return not any(low == h or low.endswith("." + h) for h in _PUBLIC_HOSTS)
+
+
+def _replace_word(text: str, word: str, place: str) -> str:
+    """Replace `word` where it stands alone (not inside a longer name)."""
+    out: list[str] = []
+    start = 0
+    while True:
+        i = text.find(word, start)
+        if i < 0:
+            break
+        before = text[i - 1] if i else " "
+        after = text[i + len(word)] if i + len(word) < len(text) else " "
+        if not (before.isalnum() or before in "_-") and not (after.isalnum() or after in "_-"):
+            out += (text[start:i], place)
+        else:
+            out.append(text[start : i + len(word)])
+        start = i + len(word)
+    out.append(text[start:])
+    return "".join(out)
+
+
+def redact(
+    text: str, *, hosts: bool = False, home: bool = False, places: Places | None = None
+) -> str:
+    """Mask secrets; with `hosts`/`home` also host names, IP and e-mail addresses and the user
+    names in paths, each replaced by its placeholder in `places` (one per report)."""
+    text = scrub_text(text)
+    if hosts or home:
+        text = (places or Places()).hide(text)
     return text
 
 

@@ -25,7 +25,13 @@ if TYPE_CHECKING:
 
 # analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
 # here so that `offload-doctor --help` does not import the renderer.
-FORMATS = (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.JSONL, OutputFormat.MARKDOWN, OutputFormat.HTML)
+FORMATS = (
+    OutputFormat.TEXT,
+    OutputFormat.JSON,
+    OutputFormat.JSONL,
+    OutputFormat.MARKDOWN,
+    OutputFormat.HTML,
+)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -59,7 +65,8 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option(
     "--redact",
     is_flag=True,
-    help="Also hide host names and home-directory user names (secrets are always hidden).",
+    help="Also replace IP addresses, host names, e-mail addresses and the user names in home "
+    "paths by placeholders, one per value across the report (secrets are always hidden).",
 )
 @color_option()
 @click.option(
@@ -233,6 +240,7 @@ def _user_sources(r: Rule, cat: object, limit: int = 6) -> list[rule_view.Source
 def _catalogue() -> object:
     """The catalogue, or the error that names why it cannot be read."""
     from vllm_offload_doctor.analyze import catalogue
+
     try:
         return catalogue.load()
     except catalogue.CatalogueError as exc:
