@@ -399,6 +399,7 @@ class CompareRun:
                 tuple(s.swept),
                 tuple(s.survivors),
                 s.port_free,
+                s.log_flood,
             ),
             leftover_pids=tuple(s.survivors) if s.survivors else None,
         )
