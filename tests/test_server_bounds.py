@@ -181,3 +181,35 @@ def test_a_server_flooding_its_log_is_cut_and_named(tmp_path: Path) -> None:
     assert len(text) < 16 << 20
     assert b"[offload-doctor: " in text and b"bytes of the server's log cut here" in text
     assert measure.MAX_ANSWER_BYTES == 16 << 20  # the cap the flood tests above rely on
+
+
+# -- --host other than loopback (issue 20 item 8) ---------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_hosts_need_no_warning(host: str) -> None:
+    from vllm_offload_doctor.compare.config import CompareConfig
+
+    assert CompareConfig(host=host).exposure() is None
+
+
+def test_host_reachable_from_the_network_is_warned_and_recorded(tmp_path: Path) -> None:
+    # The fake vLLM of the end-to-end tests, bound to every interface.
+    import json
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(repo), "FAKE_VLLM_SCENARIO": "effective"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_offload_doctor", "compare", "--vllm-cmd",
+         str(repo / "tests" / "fake-vllm"), "--host", "0.0.0.0", "--port", str(_free_port()),
+         "--repeats", "1", "--warmup", "0", "--grace", "3", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    warning = "reachable from every network this machine is on"
+    assert proc.stderr.count("offload-doctor: warning: --host 0.0.0.0") == 1, proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert warning in report["config"]["exposed"]
+    assert warning in (out / "report.md").read_text()

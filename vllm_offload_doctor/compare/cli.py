@@ -267,6 +267,9 @@ def compare(
         return exitcodes.OK
     cfg.check_model()
     cfg.check_command()
+    exposed = cfg.exposure()
+    if exposed:
+        click.echo(f"offload-doctor: warning: {exposed}", err=True)
 
     run = CompareRun(cfg, progress=sys.stderr)
     try:

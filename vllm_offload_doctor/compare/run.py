@@ -84,6 +84,7 @@ def report_config(cfg: CompareConfig) -> ReportConfig:
         request=scrub_data(cfg.request_body()),
         expect=tuple(cfg.expected_answers),
         verify_fix=True if cfg.verify_fix else None,
+        exposed=cfg.exposure(),
     )
 
 
