@@ -342,3 +342,14 @@ def test_compare_argv_env_and_records_hide_generated_secrets(
     dumped = " ".join(scrub_argv(argv)) + json.dumps(scrub_env(env))
     dumped += json.dumps(redact.scrub_data(record))
     assert value not in dumped and token not in dumped, dumped
+
+
+def test_scrub_file_masks_a_wrapped_token_on_both_lines(tmp_path: Path) -> None:
+    token = "hf_" + "Q7vX2kLp9RtZ4mWb8NcYs3Hf6Jd1GqUe5A"
+    src = tmp_path / "server.log"
+    first = ("ERROR 11-29 15:14:25 [hub.py:1] 401 with " + " " * 80)[:70] + token[:10]
+    src.write_text(f"INFO start\n{first}\n{token[10:]} while loading\nINFO done\n")
+    redact.scrub_file(src)
+    out = src.read_text()
+    assert token[3:10] not in out and token[10:] not in out, out
+    assert out.endswith("while loading\nINFO done\n") and out.startswith("INFO start\n")

@@ -73,8 +73,9 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
     "--max-bytes",
     metavar="SIZE",
     callback=_byte_size,
-    help="Decompress at most SIZE of each compressed log (default 1G, and stop early on a "
-    "ratio over 200:1, the mark of a decompression bomb); 0: no limit.",
+    help="Read at most SIZE of stdin and decompress at most SIZE of each compressed log "
+    "(default 1G, and stop early on a ratio over 200:1, the mark of a decompression bomb); "
+    "0: no limit.",
 )
 def analyze(
     paths: tuple[str, ...],
