@@ -353,3 +353,37 @@ def test_scrub_file_masks_a_wrapped_token_on_both_lines(tmp_path: Path) -> None:
     out = src.read_text()
     assert token[3:10] not in out and token[10:] not in out, out
     assert out.endswith("while loading\nINFO done\n") and out.startswith("INFO start\n")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["Authorization: Bearer", "Bearer", "password:", "--api-key", "HF_TOKEN="]),
+    st.text(alphabet=ALNUM + "._-", min_size=10, max_size=40).filter(lambda v: v[0].isalnum()),
+    st.sampled_from([60, 80]),
+)
+def test_a_value_wrapped_onto_the_next_line_after_its_name_is_masked(
+    name: str, value: str, width: int
+) -> None:
+    assume(not value.isalpha())  # a word (`Error`) after `Bearer` is no token
+    head = "ERROR 11-29 15:14:25 [hub.py:1] request with " + " " * width
+    first = head[: width - len(name) - 1] + " " + name
+    out = scrub_lines([first, value + " while loading"])
+    assert value not in "\n".join(out), out
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.one_of(placed_secret(), shaped_secret()), min_size=1, max_size=6))
+def test_a_saved_server_log_hides_every_generated_secret(
+    tmp_path_factory: pytest.TempPathFactory, secrets: list[tuple[str, str]]
+) -> None:
+    # compare keeps each mode's server log only through scrub_file.
+    log = tmp_path_factory.mktemp("mode") / "mode-0.log"
+    log.write_text(
+        "".join(f"(APIServer pid=1) INFO 11-29 [x.py:1] {line}\n" for line, _ in secrets)
+    )
+    redact.scrub_file(log)
+    out = log.read_text()
+    for _, value in secrets:
+        assert value not in out and value[-8:] not in out, out

@@ -140,6 +140,7 @@ _PEM_BEGIN = re2.compile(r"-----BEGIN [A-Z0-9 ]{1,60}-----")
 _PEM_END = re2.compile(r"-----END [A-Z0-9 ]{1,60}-----")
 _PEM_BODY = re2.compile(r"^(?P<pre>(?:.{0,200}[\s:|])?)(?P<body>[A-Za-z0-9+/]{1,}={0,2})\s{0,8}$")
 _PEM_HEADER = re2.compile(r"(?:Proc-Type|DEK-Info|Comment):|^\s{0,200}$")
+_B64_LINE = re2.compile(r"[A-Za-z0-9+/]+={0,2}")
 MAX_PEM_LINES = 400  # a block longer than this (a 16 kbit key is ~190 lines) was not closed
 # Partial tokens at the end of a line (cut or wrapped there): prefix and a few characters.
 _TAIL_TOKEN = re2.compile(
@@ -355,6 +356,7 @@ class _PemState:
 
     def __init__(self) -> None:
         self.inside = 0  # lines into an open PEM block; 0 outside one
+        self.pem_prefix = ""  # what stands before the block's BEGIN line (a log prefix)
         self.named = False  # the previous line named a secret variable: `value:` is next
         self.prev_raw = ""  # the previous line, unmasked, for the wrap check
         self.wrapped = False  # this line continues a token: the previous line's tail is masked
@@ -376,6 +378,9 @@ class _PemState:
                     return MASK + _scrub_line(raw[end.start() :])
                 return _scrub_line(raw)
             body = _PEM_BODY.search(raw)
+            rest = raw[len(self.pem_prefix) :] if raw.startswith(self.pem_prefix) else ""
+            if self.inside <= MAX_PEM_LINES and rest.strip() and _B64_LINE.fullmatch(rest.strip()):
+                return self.pem_prefix + MASK  # a body line under the BEGIN line's prefix
             if body is not None and self.inside <= MAX_PEM_LINES and _key_material(body):
                 return str(body.group("pre")) + MASK
             if _PEM_HEADER.search(raw):
@@ -390,6 +395,7 @@ class _PemState:
         begins = list(_PEM_BEGIN.finditer(raw))
         if begins and not _PEM_END.search(raw, begins[-1].end()):
             self.inside = 1
+            self.pem_prefix = raw[: begins[-1].start()]
         self.named = bool(_NAME_ONLY.search(raw))
         return out
 
@@ -400,7 +406,14 @@ class _PemState:
         prev = self.prev_raw
         if len(prev) < 40 or not raw or raw[0].isspace() or raw.startswith("-----"):
             return out
-        tail, head = _EDGE_TAIL.search(prev), _EDGE_HEAD.search(raw)
+        named = _VALUE_NEXT.search(prev[-96:])
+        head = _EDGE_HEAD.search(raw)
+        if named is not None and head is not None and not out.startswith(MASK):
+            # Wrapped at the blank between a secret's name and its value (`Bearer` / `<token>`).
+            joined = str(named.group(0)).rstrip() + " " + str(head.group(0))
+            if not _scrub_line(joined).endswith(str(head.group(0))):
+                return MASK + out[head.end() :]
+        tail = _EDGE_TAIL.search(prev)
         if tail is None or head is None or len(tail.group(0)) + len(head.group(0)) < 16:
             return out
         first = str(head.group(0))
@@ -414,6 +427,12 @@ class _PemState:
         self.wrapped = True
         return out if out.startswith(MASK) else MASK + out[head.end() :]
 
+
+# A line that ends with a secret's name, its value on the next line after a wrap.
+_VALUE_NEXT = re2.compile(
+    rf"(?:(?i:\bbearer|\bbasic|\bauthorization:)|(?i:{_KEY_WORDS}){_QUOTE}?\s{{0,3}}[:=]"
+    rf"|--[A-Za-z0-9_-]{{0,40}}(?i:{_SECRET_WORDS}))\s{{0,3}}$"
+)
 
 # Words a log line starts with: after a line that ends in a token, not the token's rest.
 _LINE_WORDS = frozenset({"INFO", "ERROR", "WARNING", "WARN", "DEBUG", "CRITICAL", "FATAL", "File"})
