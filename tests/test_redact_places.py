@@ -107,3 +107,11 @@ def test_redact_keeps_the_verdict(log: Path) -> None:
     hidden = json.loads(_run("--format", "json", "--redact", str(log)))["results"][0]
     assert plain["verdict"]["category"] == hidden["verdict"]["category"]
     assert plain["offload"]["status"] == hidden["offload"]["status"]
+
+
+def test_redact_hides_places_in_the_error_lines_too(tmp_path: Path) -> None:
+    missing = "/home/alice/logs/gpu07.acme.internal.log"
+    res = CliRunner().invoke(cli, ["analyze", "--redact", missing])
+    assert "offload-doctor: error:" in res.output
+    assert "alice" not in res.output and "acme.internal" not in res.output
+    assert "no such file" in res.output

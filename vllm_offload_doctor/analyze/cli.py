@@ -112,10 +112,12 @@ def analyze(
         )
     engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
-    # An error names the input as given: a path or URL may carry a token.
-    errors = [scrub_text(msg) for msg in errors]
     use_color = resolve_color(color)
     renderer = Renderer(color=use_color, hosts=redact, home=redact)
+    # An error names the input as given: a path or URL may carry a token (or, with --redact,
+    # a host or a user's home).
+    hide = renderer._r if redact else scrub_text
+    errors = [hide(msg) for msg in errors]
     form = RENDERERS[fmt]
     analyses = []
     for msg in errors:
@@ -125,7 +127,7 @@ def analyze(
         try:
             analysis = engine.analyze_source(source)
         except InputError as exc:
-            errors.append(scrub_text(str(exc)))
+            errors.append(hide(str(exc)))
             click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
             continue
         analyses.append(analysis)
