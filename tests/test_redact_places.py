@@ -80,6 +80,17 @@ def test_the_same_value_gets_the_same_placeholder_across_the_report(log: Path) -
     )
 
 
+def test_nccl_and_launcher_places_name_hosts() -> None:
+    places = Places()
+    out = redact.redact(
+        "dgx-a07:4242:4242 [0] NCCL INFO Bootstrap; then host=dgx-b11 joined dgx-a07",
+        hosts=True, places=places,
+    )  # fmt: skip
+    assert "dgx-a07" not in out and "dgx-b11" not in out
+    first = out.split(":", 1)[0]
+    assert first.startswith("<host-") and out.endswith(f"joined {first}")
+
+
 def test_places_are_consistent_and_numbered() -> None:
     places = Places()
     a = redact.redact("from 10.0.0.5 to gpu07.acme.internal", hosts=True, places=places)

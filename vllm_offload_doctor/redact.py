@@ -659,6 +659,7 @@ _PUBLIC_HOSTS = (
     "example.org",
     "readthedocs.io",
 )
+_PUBLIC_LABELS = frozenset(h.split(".")[0] for h in _PUBLIC_HOSTS)
 _KEEP_IPS = frozenset({"0.0.0.0", "127.0.0.1", "255.255.255.255", "::1", "::"})
 # Endings of host names (not file suffixes: `.py`, `.pt`, `.md`, `.sh` are ccTLDs too).
 _TLDS = (
@@ -680,10 +681,14 @@ _AWS_HOST = re2.compile(r"\bip-\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3}\b")
 # Places that hold a bare host name: `host=gpu07`, `--host gpu07`, `hostname: gpu07`,
 # `node gpu07`, a shell prompt `alice@gpu07:~$`.
 _NAMED_HOST = re2.compile(
-    r"(?i:\b(?:host|hostname|host_name|node|node_name|nodename|server|master_addr|head)"
-    r"[\"']?\s{0,3}(?:=|:|\s)\s{0,3}[\"']?)([A-Za-z][A-Za-z0-9-]{2,62})\b"
+    r"(?:(?i:\b(?:host|hostname|host_name|node|node_name|nodename|master_addr|head_node)"
+    r"[\"']?\s{0,3}[=:]\s{0,3}[\"']?)|(?i:--(?:host|master-addr|node-ip-address)[= ]))"
+    r"([A-Za-z][A-Za-z0-9-]{2,62})\b"
 )
-_PROMPT = re2.compile(r"\b([a-z_][a-z0-9_-]{1,31})@([A-Za-z][A-Za-z0-9-]{1,62})(?::|\s|$)")
+# NCCL's own prefix: `gpu07:1234:1234 [0] NCCL INFO ...`.
+_NCCL_HOST = re2.compile(r"(?:^|[\s|)\]])([A-Za-z][A-Za-z0-9.-]{1,62}):\d+:\d+ \[\d+\] NCCL")
+# A shell prompt: `alice@gpu07:~$`, `[alice@gpu07 ~]$`.
+_PROMPT = re2.compile(r"\b([a-z_][a-z0-9_-]{1,31})@([A-Za-z][A-Za-z0-9-]{1,62})(:[~/]|\s~)")
 _HOME_USER = re2.compile(r"(/home/|/Users/|(?i:[A-Z]:\\\\?Users\\\\?))([^/\\\s'\"]+)")
 _ROOT_HOME = re2.compile(r"(^|[^\w/])/root/")
 # Words the named-host places also hold in vLLM's own messages.
@@ -748,13 +753,18 @@ class Places:
     def learn(self, text: str) -> None:
         """Note the host and user names `text` shows, so every later mention is hidden too."""
         for m in _URL_HOST.finditer(text):
-            host = str(m.group(2)).rstrip(".")
+            host = str(m.group(2))
             if _private_host(host) and not _IPV4.fullmatch(host):
                 self._learn_host(host)
         for m in _NAMED_HOST.finditer(text):
             host = str(m.group(1))
-            if host.lower() not in _NOT_HOSTS:
+            # A machine's name has a digit or a dash (`gpu07`, `node-3`); a bare word after
+            # `host:` in prose (`host memory`) is no name.
+            if host.lower() not in _NOT_HOSTS and any(c.isdigit() or c == "-" for c in host):
                 self._learn_host(host)
+        for m in _NCCL_HOST.finditer(text):
+            if _private_host(str(m.group(1))):
+                self._learn_host(str(m.group(1)))
         for m in _PROMPT.finditer(text):
             self._users.add(str(m.group(1)))
             if str(m.group(2)).lower() not in _NOT_HOSTS:
@@ -798,7 +808,7 @@ class Places:
 
     def _url_host(self, m: Any) -> str:
         host = str(m.group(2))
-        if not _private_host(host.rstrip(".")) or host.startswith("<"):
+        if not _private_host(host) or host.startswith("<"):
             return str(m.group(0))
         if _IPV4.fullmatch(host):
             return f"{m.group(1)}{self._name('ip', host)}"
@@ -830,6 +840,8 @@ def _private_host(host: str) -> bool:
     low = host.lower()
     if not low or low == "localhost" or low in _KEEP_IPS or low.startswith("127."):
         return False
+    if low.endswith(".") or low in _PUBLIC_LABELS:
+        return False  # a name cut short (`https://pytorch.` at the end of an evidence line)
     return not any(low == h or low.endswith("." + h) for h in _PUBLIC_HOSTS)
 
 
