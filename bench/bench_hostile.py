@@ -10,7 +10,10 @@ line's time per MB of line:
   collector's `feed` on the parsed line;
 * rules: every rule's `search` (with its timeout; timeouts are counted);
 * knowledge/reports/other: the clue, report and remaining module patterns;
-* analyze: `Engine.analyze_lines` on the line, in a subprocess with a time limit (the product).
+* analyze: `Engine.analyze_lines` on the line, in a subprocess with a time limit (the product);
+* files: 2 MB files of issue 20's crafted lines (`[` + `a.` x n, `repeated` + blanks, `</b `
+  repeated, `│` + blanks, `Error` + blanks, quotes or `Bearer` runs) and a million distinct
+  exception lines, analysed end to end (start-up excluded; the issue's target: <= 0.5 s/MB).
 
 The "before" figures come from the same script run in a subprocess on `git archive REF` (default
 main), so both sides are measured in the same run on the same machine.
@@ -221,13 +224,61 @@ E2E = (
 )  # fmt: skip
 
 
+# Issue 20's crafted lines (quadratic in main's normalize.py), analysed end to end.
+CRAFTED_LINES: dict[str, Callable[[int], str]] = {
+    "[ + a. x n + ERROR": lambda n: "[" + "a." * (n // 2) + " ERROR",
+    "repeated + spaces": lambda n: "(Worker pid=1) ERROR repeated" + " " * n + "x",
+    "</b repeated": lambda n: "ERROR " + "</b " * (n // 4),
+    "box + spaces": lambda n: "│ ERROR" + " " * n + "x",
+    "Error + spaces": lambda n: "Error" + " " * n + "x",
+    "Error + quotes": lambda n: "Error " + '"' * n,
+    "Error + Bearer": lambda n: "Error " + "Bearer " * (n // 7),
+}
+
+
+def _timed_analyze(path: Path, limit_s: float) -> tuple[float, bool]:
+    """Seconds `Engine.analyze_file(path)` takes (start-up excluded), or the limit if it hangs."""
+    code = (
+        "import sys, time; from pathlib import Path\n"
+        "from vllm_offload_doctor.analyze import engine as analyze\n"
+        "e = analyze.Engine(); t = time.perf_counter(); e.analyze_file(Path(sys.argv[1])); "
+        "print(time.perf_counter() - t)"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                              text=True, timeout=limit_s, check=True, env=os.environ.copy())  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return limit_s, True
+    return float(proc.stdout.split()[-1]), False
+
+
+def crafted_files(size: int, limit_s: float, millions: float) -> list[Any]:
+    """Files made of the crafted lines (2 MB each: many lines of `size`), and `millions` of
+    distinct exception lines: seconds per MB of file, start-up excluded."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
+        path = Path(tmp) / "crafted.log"
+        for name, make in CRAFTED_LINES.items():
+            line = make(size)
+            path.write_text((line + "\n") * max(1, (2 * MB) // len(line)), encoding="utf-8")
+            dt, hung = _timed_analyze(path, limit_s)
+            rows.append((f"2 MB of {name} ({size // 1024} KiB lines)", dt / (path.stat().st_size / MB), hung))
+        with path.open("w", encoding="utf-8") as fh:
+            for i in range(int(millions * 1_000_000)):
+                fh.write(f"ERROR 11-29 15:14:25 [core.py:1] RuntimeError: failure {i:x} at step {i * 7}\n")
+        dt, hung = _timed_analyze(path, limit_s)
+        rows.append((f"{millions:g} M distinct exception lines", dt / (path.stat().st_size / MB), hung))
+    return rows
+
+
 def run_side(src: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     """This script's --measure in a subprocess importing the package from `src` (None: this tree)."""
     env = os.environ.copy()
     env["PYTHONPATH"] = str(src or ROOT)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     cmd = [sys.executable, str(HERE), "--measure", "--size-kb", str(args.size_kb),
-           "--budget-s", str(args.budget_s), "--limit-s", str(args.limit_s)]  # fmt: skip
+           "--budget-s", str(args.budget_s), "--limit-s", str(args.limit_s),
+           "--crafted-kb", str(args.crafted_kb), "--millions", str(args.millions)]  # fmt: skip
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, check=False, cwd=src or ROOT
     )
@@ -247,6 +298,8 @@ def main() -> int:
     ap.add_argument("--analyze-kb", type=int, default=256, help="crafted line length for analyze")
     ap.add_argument("--budget-s", type=float, default=3.0, help="time per pattern before moving on")
     ap.add_argument("--limit-s", type=float, default=20.0, help="time limit of one analyze run")
+    ap.add_argument("--crafted-kb", type=int, default=16, help="line length of the crafted files")
+    ap.add_argument("--millions", type=float, default=1.0, help="distinct exception lines, millions")
     ap.add_argument("--only", choices=("before", "after"), help="measure one side only")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -256,6 +309,7 @@ def main() -> int:
         # The fixed cases, and each family's worst line.
         cases = dict.fromkeys([*E2E, *((r["shape"], r["word"]) for r in result.values() if r["shape"])])
         result["analyze"] = analyze_worst(args.analyze_kb * 1024, args.limit_s, cases)
+        result["files"] = crafted_files(args.crafted_kb * 1024, args.limit_s, args.millions)
         print(json.dumps(result))
         return 0
 
@@ -280,6 +334,10 @@ def main() -> int:
             print(f"  failed: {res['error']}")
             continue
         for family, r in res.items():
+            if family == "files":
+                for name, rate, hung in r:
+                    print(f"  {name:<44} {rate:9.3f} s/MB" + ("  [hit the limit]" if hung else ""))
+                continue
             if family == "analyze":
                 worst = max(r, key=lambda row: row[1])
                 hung = sum(1 for row in r if row[2])

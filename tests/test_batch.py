@@ -88,3 +88,18 @@ def test_ctrl_c_stops_the_pool_cleanly(tmp_path):
     assert b"Traceback" not in err and b"interrupted" in err
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive
+
+
+def test_redact_numbers_places_across_the_whole_batch(tmp_path, capsys):
+    # A dozen logs naming the same address: one placeholder for it in all, whatever --jobs says.
+    text = (
+        "(APIServer pid=1) INFO 12-02 10:00:00 [api_server.py:1] vLLM API server version 0.25.1\n"
+        "(APIServer pid=1) ERROR 12-02 10:00:01 [launcher.py:1] OSError: [Errno 98] error while "
+        "attempting to bind on address ('10.1.2.3', 8000): address already in use\n"
+    )
+    for i in range(12):
+        (tmp_path / f"{i:02d}.log").write_text(text)
+    one = run(capsys, str(tmp_path), "--redact", "--jobs", "1")
+    pool = run(capsys, str(tmp_path), "--redact", "--jobs", "3")
+    assert pool == one
+    assert "10.1.2.3" not in one[1] and one[1].count("<ip-1>") >= 12 and "<ip-2>" not in one[1]

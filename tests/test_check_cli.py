@@ -274,8 +274,8 @@ def test_markdown_hides_secrets_user_and_host_names(
     assert code == 1
     assert "alice" not in out and "gpu-node-17" not in out
     assert "s3cr3t" not in out and "abcd1234efgh" not in out
-    assert "/home/<user>/venvs" in out
-    assert "| ❌ fail | Port | <host>:8000 is in use by pid 5 (python) |" in out
+    assert "/home/<user-1>/venvs" in out
+    assert "| ❌ fail | Port | <host-1>:8000 is in use by pid 5 (python) |" in out
     assert "vllm\\|serve" in out  # a pipe cannot break the table
     assert out.count("<details>") == 1
 

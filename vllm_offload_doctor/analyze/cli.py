@@ -27,7 +27,13 @@ if TYPE_CHECKING:
 
 # analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
 # here so that `offload-doctor --help` does not import the renderer.
-FORMATS = (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.JSONL, OutputFormat.MARKDOWN, OutputFormat.HTML)
+FORMATS = (
+    OutputFormat.TEXT,
+    OutputFormat.JSON,
+    OutputFormat.JSONL,
+    OutputFormat.MARKDOWN,
+    OutputFormat.HTML,
+)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -61,15 +67,17 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option(
     "--redact",
     is_flag=True,
-    help="Also hide host names and home-directory user names (secrets are always hidden).",
+    help="Also replace IP addresses, host names, e-mail addresses and the user names in home "
+    "paths by placeholders, one per value across the report (secrets are always hidden).",
 )
 @color_option()
 @click.option(
     "--max-bytes",
     metavar="SIZE",
     callback=_byte_size,
-    help="Decompress at most SIZE of each compressed log (default 1G, and stop early on a "
-    "ratio over 200:1, the mark of a decompression bomb); 0: no limit.",
+    help="Read at most SIZE of stdin and decompress at most SIZE of each compressed log "
+    "(default 1G, and stop early on a ratio over 200:1, the mark of a decompression bomb); "
+    "0: no limit.",
 )
 @click.option(
     "-j",
@@ -124,8 +132,6 @@ def analyze(
         )
     engine = Engine(extra_rule_dirs=rule_dirs, max_bytes=max_bytes)
     sources, errors = logread.resolve_inputs(list(paths))
-    # An error names the input as given: a path or URL may carry a token.
-    errors = [scrub_text(msg) for msg in errors]
     out = Output(fmt, output, quiet=quiet, color=color)
     # Each target renders its own format: the chosen one (FILE, or stdout without -o), and the
     # text view on stdout beside -o. Only stdout is ever coloured.
@@ -137,19 +143,24 @@ def analyze(
         targets.append(
             (RENDERERS[screen], Renderer(color=out.color, hosts=redact, home=redact), out.show)
         )
+    # An error names the input as given: a path or URL may carry a token (or, with --redact,
+    # a host or a user's home).
+    hide = targets[0][1]._r if redact else scrub_text
+    errors = [hide(msg) for msg in errors]
     analyses = []
     for msg in errors:
         click.echo(f"offload-doctor: error: {msg}", err=True)
     several = len(sources) > 1
     # The chosen format is rendered where the log is analysed (a batch worker); the text view
-    # beside -o here.
+    # beside -o here. --redact numbers hosts and users across the whole report: one process.
     (_, first, save), *others = targets
     job = batch.Job(tuple(rule_dirs), max_bytes, fmt, first, several)
-    for done in batch.analyze_all(engine, job, sources, batch.workers_for(jobs, sources)):
+    workers = 1 if redact else batch.workers_for(jobs, sources)
+    for done in batch.analyze_all(engine, job, sources, workers):
         if verbose and not quiet:
-            click.echo(f"offload-doctor: reading {scrub_text(done.source.name)}", err=True)
+            click.echo(f"offload-doctor: reading {hide(done.source.name)}", err=True)
         if done.analysis is None:
-            errors.append(scrub_text(done.error or "unreadable"))
+            errors.append(hide(done.error or "unreadable"))
             click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
             continue
         analyses.append(done.analysis)
@@ -278,6 +289,7 @@ def _user_sources(r: Rule, cat: object, limit: int = 6) -> list[rule_view.Source
 def _catalogue() -> object:
     """The catalogue, or the error that names why it cannot be read."""
     from vllm_offload_doctor.analyze import catalogue
+
     try:
         return catalogue.load()
     except catalogue.CatalogueError as exc:

@@ -127,7 +127,10 @@ def open_source(source: Source, max_bytes: int | None = None) -> BinaryIO:
         stream: Any = raw
         if head.startswith((GZIP_MAGIC, BZ2_MAGIC, XZ_MAGIC, ZSTD_MAGIC)):
             stream = _Decompressed(raw, head, source.name, max_bytes, own=source.path is not None)
-        return _text(stream)  # type: ignore[no-any-return]
+        elif source.path is None:
+            # A pipe has no size to check first (`< /dev/zero` never ends): stdin stops at the cap.
+            stream = _Capped(raw, DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
+        return _text(stream, source.name)  # type: ignore[no-any-return]
     except BaseException:
         if source.path is not None:
             raw.close()
@@ -194,6 +197,36 @@ class _Counting(io.RawIOBase):
         return len(data)
 
 
+class _Capped:
+    """Standard input read up to `cap` bytes (0: no cap); past it, what was read is analysed."""
+
+    def __init__(self, raw: BinaryIO, cap: int) -> None:
+        self.raw, self.cap, self.count = raw, cap, 0
+        self.stop: str | None = None
+
+    def read1(self, n: int = -1) -> bytes:
+        if self.stop:
+            raise InputStopped(self.stop)
+        n = BLOCK if n < 0 else n
+        if self.cap:
+            n = min(n, self.cap - self.count)
+        data = _read1(self.raw, n) if n > 0 else b""
+        self.count += len(data)
+        if self.cap and self.count >= self.cap:
+            self.stop = (
+                f"stopped reading stdin after {human(self.count)} (the cap of {human(self.cap)}); "
+                "the verdict covers what was read, --max-bytes SIZE reads further"
+            )
+            if not data:
+                raise InputStopped(self.stop)
+        return data
+
+    read = read1
+
+    def close(self) -> None:
+        self.raw.close()
+
+
 class _Decompressed:
     """A decompressed stream that stops at a size cap and, by default, at a ratio cap."""
 
@@ -207,7 +240,9 @@ class _Decompressed:
         self.out = 0
         self.stop: str | None = None
         self.dec: Any
-        counted: Any = self.counted  # a readable file object; typeshed's overloads differ by version
+        counted: Any = (
+            self.counted
+        )  # a readable file object; typeshed's overloads differ by version
         if head.startswith(GZIP_MAGIC):
             self.dec = gzip.GzipFile(fileobj=counted, mode="rb")
         elif head.startswith(BZ2_MAGIC):
@@ -335,9 +370,15 @@ def _utf16_without_bom(head: bytes) -> str | None:
     return None
 
 
-def _text(stream: Any) -> Any:
+MAX_NUL_RUN = (
+    64 << 20
+)  # leading NUL bytes skipped (a truncated log's hole) before calling it binary
+
+
+def _text(stream: Any, name: str = "input") -> Any:
     """Wrap `stream` so that it yields UTF-8 text bytes (see the module docstring)."""
     head = b""
+    skipped = 0
     failed: Exception | None = None  # a stream cut short within its head: keep what came
     try:
         while len(head) < _HEAD:
@@ -353,13 +394,23 @@ def _text(stream: Any) -> Any:
         if utf16:
             return _Text(stream, head, utf16)
         if head.startswith(b"\x00"):
+            skipped = len(head)
             head = head.lstrip(b"\x00")
             while not head:  # a long NUL run: read on, holding one block at most
+                if skipped >= MAX_NUL_RUN:
+                    raise InputError(
+                        f"{name}: binary input ({human(skipped)} of NUL bytes), not a log"
+                    )
                 data = _read1(stream, BLOCK)
                 if not data:
                     break
+                skipped += len(data)
                 head = data.lstrip(b"\x00")
     except (EOFError, zlib.error, lzma.LZMAError, OSError, TruncatedInput) as exc:
+        if skipped and not head:
+            raise InputError(
+                f"{name}: binary input ({human(skipped)} of NUL bytes), not a log"
+            ) from exc
         failed = exc
     return _Text(stream, head, None, failed)
 

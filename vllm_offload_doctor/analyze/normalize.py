@@ -14,14 +14,15 @@ from dataclasses import dataclass
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][A-Z0-9]|\^\[\[[0-9;]*[A-Za-z]")
 _CR = re.compile(r"\^M$|\r")
-_HTML = re.compile(r"</?(?:font|b|i|u|span|strong|em|code|pre)\b[^>]*>")
-_BOX = re.compile(r"^\s*[│┃|]\s?|\s*[│┃]\s*$")
+# Attributes bounded: an unbounded `[^>]*` re-scans the rest of the line at every `</b`.
+_HTML = re.compile(r"</?(?:font|b|i|u|span|strong|em|code|pre)\b[^>\n]{0,256}>")
+_BOX_START = re.compile(r"\s*[│┃|]\s?")  # matched at the start only (see _strip_box)
 _FASTCHAT = re.compile(r"^\|\s*(?:DEBUG|INFO|WARNING|ERROR)\s*\|\s*(?:stderr|stdout)\s*\|\s?")
 # A log pasted into a GitHub table, one line per row: `| <line> |`. Stripped only when the cell
 # holds a log line (a vLLM record, a process prefix, a traceback or an exception), so the tables of
 # pasted reports (`| ok | Host memory | ... |`) stay as they are.
 _LOG_CELL = re.compile(
-    r"(?:\(\w[\w: ]*? pid=\d+|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d|"
+    r"(?:\(\w[\w: ]{0,80}? pid=\d+|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d|"
     r"Traceback \(most recent|File \"|(?:\w+\.)*[A-Z]\w*(?:Error|Exception)(?::|$)|\[?\d{4}-\d\d-\d\d[T ])"
 )
 
@@ -30,7 +31,7 @@ _OUTER = re.compile(
     r"""^(?:
         \[?\d{4}-\d\d-\d\d[T\ ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+   # ISO time
       | [A-Z]{3,8}\s+\d{4}-\d\d-\d\dT\S+\s+                                       # cloud logging
-      | \[[\w.-]+(?:\.[\w-]+)*:\s*[\w.-]+\]\s+                                     # [label: value]
+      | \[[\w.-]+:\s*[\w.-]+\]\s+                                                  # [label: value]
       | [A-Z][a-z]{2}\ [\ \d]\d\ \d\d:\d\d:\d\d\ \S+\ [\w./@-]+(?:\[\d+\])?:\s      # journald/syslog
       | [\w][\w.-]*\s+\|\ ?                                                        # docker compose
       | \[pod/[^\]]+\]\s+                                                          # kubectl --prefix
@@ -46,7 +47,7 @@ _OUTER = re.compile(
 _PROC = re.compile(
     r"^\(?(?P<proc>[A-Za-z_][\w:]*(?:[ _]rank=\d+)?|VLLM::\w+) pid=(?P<pid>\d+)(?:, ip=[\d.:a-f]+)?\)\s*"
 )
-_RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_RAY_REPEAT = re.compile(r"\[repeated \d+x across cluster\]")  # at the end (see _strip_repeat)
 _RECORD = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?|\d+)"
     r"\s+\[?(?P<file>[^\]\s]+?):(?P<lineno>\d+)\]\s?(?P<msg>.*)$"
@@ -56,10 +57,10 @@ _UVICORN = re.compile(r"^(?P<level>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?P<msg
 # Where a new record starts inside a line whose breaks were lost.
 _EMBEDDED_START = re.compile(
     # never between a '(Proc pid=N)' prefix and its own record
-    r"(?<=\S)(?<!\d\))\s+(?=(?:\(\w[\w ]*? pid=\d+(?:, ip=[\d.]+)?\)\s*)?"
+    r"(?<=\S)(?<!\d\))\s+(?=(?:\(\w[\w ]{0,80}? pid=\d+(?:, ip=[\d.]+)?\)\s*)?"
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
     r"|Traceback \(most recent call last\)"
-    r"|\(\w[\w ]*? pid=\d+\) "
+    r"|\(\w[\w ]{0,80}? pid=\d+\) "
     r"|\[rank\d+\]: "
     # a traceback's frames and its final exception line
     r"|File \"[^\"\n]{1,400}\", line \d+"
@@ -90,8 +91,29 @@ def clean(raw: str) -> str:
     if "</" in text:
         text = _HTML.sub("", text).replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&")
     if "│" in text or "┃" in text:
-        text = _BOX.sub("", text)
+        text = _strip_box(text)
     return text.rstrip()
+
+
+def _strip_box(text: str) -> str:
+    """Drop a box-drawing frame: `│ line │`. Plain string work: a `\\s*[│┃]\\s*$` pattern
+    retries from every blank of a long run (quadratic)."""
+    m = _BOX_START.match(text)
+    if m:
+        text = text[m.end() :]
+    end = text.rstrip()
+    if end.endswith(("│", "┃")):
+        text = end[:-1].rstrip()
+    return text
+
+
+def _strip_repeat(text: str) -> str:
+    """Drop Ray's `[repeated 3x across cluster]` suffix (looked for at the end only)."""
+    end = text.rstrip()
+    if not end.endswith("across cluster]"):
+        return text
+    m = _RAY_REPEAT.search(end, max(0, len(end) - 64))
+    return end[: m.start()].rstrip() if m and m.end() == len(end) else text
 
 
 def strip_outer(text: str) -> str:
@@ -125,7 +147,7 @@ def parse(no: int, raw: str) -> Line:
         proc, pid = m.group("proc"), int(m.group("pid"))
         rest = rest[m.end() :]
     if "repeated" in rest:
-        rest = _RAY_REPEAT.sub("", rest)
+        rest = _strip_repeat(rest)
     level = None
     r = _RECORD.match(rest)
     if r:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import textwrap
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from vllm_offload_doctor.analyze.model import Analysis, Category, Evidence, RankOffload
 from vllm_offload_doctor.analyze.normalize import parse
 from vllm_offload_doctor.color import paint
 from vllm_offload_doctor.formats import ELLIPSIS, SCHEMA_VERSION, OutputFormat, shorten
-from vllm_offload_doctor.redact import redact, scrub_data, scrub_text
+from vllm_offload_doctor.redact import Places, redact, scrub_data, scrub_text
 
 EVIDENCE_WIDTH = 300  # characters of a log line shown as evidence
 SUMMARY_WIDTH = 100  # characters of a summary in the triage table
@@ -27,19 +28,37 @@ FILE_WIDTH = 32  # the triage table's file column; a longer name loses its middl
 GENERIC_CRASH = "CRASH001"
 
 
-def _scrub(value: Any, *, hosts: bool, home: bool) -> Any:
-    """Mask secrets everywhere in a record (see redact.scrub_data); then hosts and homes if asked."""
+def _scrub(value: Any, *, places: Places | None) -> Any:
+    """Mask secrets everywhere in a record (see redact.scrub_data); then, with --redact, the
+    hosts, addresses and user names, with one placeholder per value across the report."""
     value = scrub_data(value)
-    return _hide_places(value, hosts=hosts, home=home) if hosts or home else value
+    if places is None:
+        return value
+    for text in _strings(value):
+        places.learn(text)  # a host named late in the record is hidden in its early fields too
+    return _hide_places(value, places)
 
 
-def _hide_places(value: Any, *, hosts: bool, home: bool) -> Any:
+def _strings(value: Any) -> Iterable[str]:
     if isinstance(value, str):
-        return redact(value, hosts=hosts, home=home)
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+
+
+def _hide_places(value: Any, places: Places) -> Any:
+    if isinstance(value, Enum):
+        return value  # a fixed vocabulary (categories, statuses)
+    if isinstance(value, str):
+        return places.hide(value)
     if isinstance(value, dict):
-        return {k: _hide_places(v, hosts=hosts, home=home) for k, v in value.items()}
+        return {k: _hide_places(v, places) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_hide_places(v, hosts=hosts, home=home) for v in value]
+        return [_hide_places(v, places) for v in value]
     return value
 
 
@@ -56,6 +75,9 @@ class Renderer:
         self.secrets = redact_secrets
         self.hosts = hosts
         self.home = home
+        # One set of placeholders per report: the same host is `<host-1>` in every section.
+        self.places = Places() if hosts or home else None
+        self._learned: set[int] = set()
         # Records a batch worker already scrubbed (analyze/batch.py), by analysis.
         self._records: dict[int, tuple[Analysis, dict[str, Any]]] = {}
 
@@ -66,7 +88,19 @@ class Renderer:
         return {k: v for k, v in self.__dict__.items() if k != "_records"} | {"_records": {}}
 
     def _r(self, text: str) -> str:
-        return redact(text, hosts=self.hosts, home=self.home) if self.secrets else text
+        if not self.secrets:
+            return text
+        return redact(text, hosts=self.hosts, home=self.home, places=self.places)
+
+    def learn(self, analyses: Iterable[Analysis]) -> None:
+        """Note every host and user an analysis names before any of it is printed."""
+        if self.places is None or not self.secrets:
+            return
+        for a in analyses:
+            if id(a) not in self._learned:
+                self._learned.add(id(a))
+                for text in _strings(scrub_data(a.to_dict())):
+                    self.places.learn(text)
 
     def record(self, analysis: Analysis) -> dict[str, Any]:
         done = self._records.get(id(analysis))
@@ -75,7 +109,8 @@ class Renderer:
         data = analysis.to_dict()
         if not self.secrets:
             return data
-        scrubbed: dict[str, Any] = _scrub(data, hosts=self.hosts, home=self.home)
+        self.learn([analysis])
+        scrubbed: dict[str, Any] = _scrub(data, places=self.places)
         return scrubbed
 
     # -- json ---------------------------------------------------------------------------------
@@ -96,6 +131,7 @@ class Renderer:
         return paint(text, *styles, color=self.color)
 
     def text(self, a: Analysis) -> str:
+        self.learn([a])
         v = a.verdict
         colour = (
             "green"
@@ -183,6 +219,7 @@ class Renderer:
 
     # -- markdown ------------------------------------------------------------------------------
     def markdown(self, a: Analysis) -> str:
+        self.learn([a])
         v, o = a.verdict, a.offload
         out = [
             f"### `{self._r(a.file)}`: **{v.category.value}** — {v.title}",
@@ -223,6 +260,7 @@ class Renderer:
     def triage_table(
         self, analyses: Sequence[Analysis], errors: Sequence[str], *, markdown: bool
     ) -> str:
+        self.learn(analyses)
         rows = [
             (
                 self._r(a.file),
@@ -342,4 +380,5 @@ RENDERERS: dict[OutputFormat, Format] = {
 def _html(r: Renderer, analyses: Sequence[Analysis], errors: Sequence[str]) -> str:
     from vllm_offload_doctor.analyze.html import render_triage_html
 
+    r.learn(analyses)
     return render_triage_html(analyses, errors, r)

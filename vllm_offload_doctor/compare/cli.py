@@ -294,6 +294,9 @@ def compare(
     cfg.check_command()
     if verbose and not quiet:
         click.echo(commands_text(cfg, cfg.fix_env()), nl=False, err=True)
+    exposed = cfg.exposure()
+    if exposed:
+        click.echo(f"offload-doctor: warning: {exposed}", err=True)
 
     run = CompareRun(cfg, progress=None if quiet else sys.stderr)
     try:

@@ -140,6 +140,21 @@ class CompareConfig:
             return self.timeout_s
         return DEFAULT_TIMEOUT_S + TIMEOUT_PER_OFFLOADED_S * max(0.0, gb)
 
+    def exposure(self) -> str | None:
+        """A warning when each server binds more than the loopback: others can reach it."""
+        if _loopback(self.host):
+            return None
+        where = (
+            "every network this machine is on"
+            if self.host in ("0.0.0.0", "::", "")
+            else (f"the network of {self.host}")
+        )
+        return (
+            f"--host {self.host}: each vllm serve listens on {self.host}:{self.port}, reachable "
+            f"from {where} while it runs (anyone who can connect may send requests); "
+            "--host 127.0.0.1 keeps it on this machine"
+        )
+
     @property
     def served(self) -> str:
         return self.served_model_name or self.model
@@ -268,3 +283,14 @@ class CompareConfig:
             raise ServerStartError(
                 f"cannot run {exe!r}: not found or not executable (see --vllm-cmd)"
             )
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it resolves to some interface's address

@@ -11,6 +11,7 @@ import json
 import re
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -190,6 +191,53 @@ def _float(v: str | None) -> float | None:
         return None
 
 
+# -------------------------------------------------------------------- bounded answers
+
+# Bytes of one answer kept: a chat completion is a few KiB, /metrics some 100 KiB. A server
+# that sends more (a bug, or a hostile one) is cut off, never held in memory whole.
+MAX_ANSWER_BYTES = 16 << 20
+MAX_LINE_BYTES = 1 << 20  # one server-sent event line
+# Asked of every server: a compressed answer could expand past any cap in one read.
+IDENTITY = {"accept-encoding": "identity"}
+
+
+class AnswerBound(Exception):
+    """An answer past a bound: larger than its cap, or not complete by its deadline."""
+
+
+def bounded_chunks(
+    r: Any, deadline: float, timeout_s: float, limit: int = MAX_ANSWER_BYTES
+) -> Iterator[bytes]:
+    """The raw body of `r` (de-chunked, never decompressed), checked against `limit` bytes and
+    the request's total `deadline` (time.monotonic) at every piece: a trickle ends there."""
+    enc = r.headers.get("content-encoding", "identity").strip().lower()
+    if enc not in ("", "identity"):
+        raise AnswerBound(f"the server sent a {enc}-compressed answer though asked not to")
+    total = 0
+    # A response already read (a transport that answers from memory) gives its bytes as they are.
+    chunks = r.iter_bytes() if r.is_stream_consumed else r.iter_raw()
+    for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            raise AnswerBound(f"the answer passed {limit >> 20} MiB; the rest was not read")
+        if time.monotonic() > deadline:
+            raise AnswerBound(f"the answer was not complete after {timeout_s:g} s")
+        yield chunk
+
+
+def bounded_get(
+    client: Any, url: str, timeout_s: float, limit: int = MAX_ANSWER_BYTES
+) -> tuple[int, bytes]:
+    """GET `url`: (status, body), the body bounded in size and total time (AnswerBound)."""
+    deadline = time.monotonic() + timeout_s
+    with client.stream("GET", url, headers=IDENTITY, timeout=timeout_s) as r:
+        return r.status_code, b"".join(bounded_chunks(r, deadline, timeout_s, limit))
+
+
+def _json(body: bytes) -> Any:
+    return json.loads(body.decode("utf-8", "replace"))
+
+
 def fetch_info(
     base_url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -199,17 +247,17 @@ def fetch_info(
     out: dict[str, Any] = {"version": None, "metrics": None, "errors": []}
     with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers or {}) as c:
         try:
-            r = c.get(f"{base_url}/version")
-            out["version"] = r.json().get("version") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            status, body = bounded_get(c, f"{base_url}/version", timeout_s)
+            out["version"] = _json(body).get("version") if status == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError, AnswerBound) as exc:
             out["errors"].append(f"/version: {exc}")
         try:
-            r = c.get(f"{base_url}/metrics")
-            if r.status_code == 200:
-                out["metrics"] = kv_metrics(r.text)
+            status, body = bounded_get(c, f"{base_url}/metrics", timeout_s)
+            if status == 200:
+                out["metrics"] = kv_metrics(body.decode("utf-8", "replace"))
             else:
-                out["errors"].append(f"/metrics: HTTP {r.status_code}")
-        except httpx.HTTPError as exc:
+                out["errors"].append(f"/metrics: HTTP {status}")
+        except (httpx.HTTPError, AnswerBound) as exc:
             out["errors"].append(f"/metrics: {exc}")
     return out
 
@@ -257,24 +305,31 @@ def chat_request(
     import httpx
 
     payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", **IDENTITY}
     t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout_s  # the whole request: connect, first byte, body
     if body.get("stream"):
-        return _stream_request(client, url, payload, headers, expect, timeout_s, t0)
+        return _stream_request(client, url, payload, headers, expect, timeout_s, t0, deadline)
+    status: int | None = None
     try:
-        r = client.post(url, content=payload, headers=headers, timeout=timeout_s)
+        with client.stream("POST", url, content=payload, headers=headers, timeout=timeout_s) as r:
+            status = r.status_code
+            raw = b"".join(bounded_chunks(r, deadline, timeout_s))
     except httpx.HTTPError as exc:
         err = f"{type(exc).__name__}: {exc}"
         return RequestResult(False, None, time.perf_counter() - t0, error=err)
+    except AnswerBound as exc:
+        return RequestResult(False, status, time.perf_counter() - t0, error=str(exc))
     latency = time.perf_counter() - t0
-    res = RequestResult(False, r.status_code, latency)
-    if r.status_code == 401:
+    res = RequestResult(False, status, latency)
+    if status == 401:
         res.error = f"HTTP 401: {UNAUTHORIZED}"
         return res
     try:
-        data = r.json()
+        data = _json(raw)
     except ValueError:
-        res.error = f"HTTP {r.status_code}: response is not valid JSON ({r.text[:80]!r})"
+        text = raw[:80].decode("utf-8", "replace")
+        res.error = f"HTTP {status}: response is not valid JSON ({text!r})"
         return res
     if not isinstance(data, dict):
         res.error = "response JSON is not an object"
@@ -284,10 +339,10 @@ def chat_request(
     res.completion_tokens = usage.get("completion_tokens")
     choices = data.get("choices")
     res.has_choices = isinstance(choices, list) and len(choices) > 0
-    if r.status_code != 200:
+    if status != 200:
         api_err = data.get("error")
         detail = api_err.get("message") if isinstance(api_err, dict) else data.get("detail") or data
-        res.error = f"HTTP {r.status_code}: {detail}"
+        res.error = f"HTTP {status}: {detail}"
         return res
     if not res.has_choices:
         res.error = "response has no `choices`"
@@ -311,6 +366,7 @@ def _stream_request(
     expect: list[str],
     timeout_s: float,
     t0: float,
+    deadline: float,
 ) -> RequestResult:
     import httpx
 
@@ -321,7 +377,7 @@ def _stream_request(
     try:
         with client.stream("POST", url, content=payload, headers=headers, timeout=timeout_s) as r:
             res.status = r.status_code
-            for line in r.iter_lines():
+            for line in _lines(bounded_chunks(r, deadline, timeout_s)):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -352,6 +408,10 @@ def _stream_request(
         res.latency_s = time.perf_counter() - t0
         res.error = f"{type(exc).__name__}: {exc}"
         return res
+    except AnswerBound as exc:
+        res.latency_s = time.perf_counter() - t0
+        res.error = str(exc)
+        return res
     res.latency_s = time.perf_counter() - t0
     res.has_choices = saw_choices
     res.answer = "".join(parts) if saw_choices else None
@@ -363,6 +423,20 @@ def _stream_request(
         res.ok = res.error is None
     res.matched = answer_matches(res.answer, expect) if res.ok else None
     return res
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Server-sent event lines, each at most MAX_LINE_BYTES (a longer one is an AnswerBound)."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *done, buf = buf.split(b"\n")
+        for line in done:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if len(buf) > MAX_LINE_BYTES:
+            raise AnswerBound(f"a stream line passed {MAX_LINE_BYTES >> 20} MiB")
+    if buf:
+        yield buf.rstrip(b"\r").decode("utf-8", "replace")
 
 
 def latency_stats(results: list[RequestResult]) -> dict[str, Any]:

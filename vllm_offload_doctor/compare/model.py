@@ -403,9 +403,10 @@ class ReportConfig:
     request: Mapping[str, Any]
     expect: tuple[str, ...]
     verify_fix: bool | None = None
+    exposed: str | None = None  # the --host warning: the servers were reachable from the network
 
     def to_dict(self) -> Json:
-        return pack(self, ("verify_fix",))
+        return pack(self, ("verify_fix", "exposed"))
 
     @classmethod
     def from_dict(cls, d: Json) -> ReportConfig:

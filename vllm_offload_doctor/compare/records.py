@@ -231,9 +231,10 @@ class Stop:
     swept: tuple[int, ...]
     survivors: tuple[int, ...]
     port_free: bool | None
+    log_flood: str | None = None  # "the server wrote N MB of log in M s" when its log was cut
 
     def to_dict(self) -> Json:
-        return pack(self)
+        return pack(self, omit_none=("log_flood",))
 
     @classmethod
     def from_dict(cls, d: Json) -> Stop:
@@ -244,6 +245,7 @@ class Stop:
             tuple(d.get("swept") or ()),
             tuple(d.get("survivors") or ()),
             d.get("port_free"),
+            d.get("log_flood"),
         )
 
 

@@ -195,6 +195,8 @@ def render_text(report: CompareReport, out_dir: str | None = None, *, color: boo
     lines += [f"  See: {link}" for link in v.links]
     lines += [f"  Note: {n}" for n in v.notes]
     lines += [f"  Preflight: {ln}" for ln in (report.preflight or {}).get("lines", [])]
+    if report.config.exposed:
+        lines.append(f"  Warning: {report.config.exposed}")
     if out_dir:
         lines.append(f"Artifacts: {out_dir}")
     return "\n".join(lines) + "\n"
@@ -237,6 +239,8 @@ def render_markdown(
         + (f", revision `{cfg.revision}`" if cfg.revision else "")
     )
     out.append(f"- requests: {cfg.warmup} warm-up + {cfg.repeats} measured, stream={cfg.stream}")
+    if cfg.exposed:
+        out.append(f"- **exposed:** {cfg.exposed}")
     if (cfg.tensor_parallel_size or 1) > 1:
         out.append(
             f"- tensor parallel size {cfg.tensor_parallel_size}: "

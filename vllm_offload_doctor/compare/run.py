@@ -90,6 +90,7 @@ def report_config(cfg: CompareConfig) -> ReportConfig:
         request=scrub_data(cfg.request_body()),
         expect=tuple(cfg.expected_answers),
         verify_fix=True if cfg.verify_fix else None,
+        exposed=cfg.exposure(),
     )
 
 
@@ -462,6 +463,7 @@ class CompareRun:
                 tuple(s.swept),
                 tuple(s.survivors),
                 s.port_free,
+                s.log_flood,
             ),
             leftover_pids=tuple(s.survivors) if s.survivors else None,
         )

@@ -16,6 +16,7 @@ Lifecycle (after mirakuru/honcho, without their pitfalls):
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -34,6 +35,13 @@ from vllm_offload_doctor.machine.ports import probe_port
 
 RUN_TAG = "OFFLOAD_DOCTOR_RUN"
 POLL_S = 0.25
+READY_TIMEOUT_S = 2.0  # one readiness probe (/health, /v1/models), connect to last byte
+# A server log past MAX_LOG_BYTES is cut (a server printing 100 MB/s would fill the disk):
+# its first LOG_HEAD and latest LOG_TAIL bytes are kept around a marker, and the report names it.
+MAX_LOG_BYTES = 256 << 20
+LOG_HEAD = 64 << 20
+LOG_TAIL = 32 << 20
+LOG_CHECK_S = 0.5
 GUARD = str(Path(__file__).with_name("guard.py"))
 
 
@@ -69,6 +77,7 @@ class StopResult:
     swept: list[int] = field(default_factory=list)  # pids killed by the final sweep
     survivors: list[int] = field(default_factory=list)  # pids still alive afterwards (should be [])
     port_free: bool | None = None
+    log_flood: str | None = None  # "the server wrote N MB of log in M s", when its log was cut
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,7 +87,72 @@ class StopResult:
             "swept": self.swept,
             "survivors": self.survivors,
             "port_free": self.port_free,
+            "log_flood": self.log_flood,
         }
+
+
+class _LogCap:
+    """Keeps a server's log file under `limit` bytes while the server writes to it (O_APPEND):
+    past the limit, the first `head` and the latest `tail` bytes stay around a marker line."""
+
+    def __init__(self, path: Path, limit: int, head: int, tail: int) -> None:
+        self.path, self.limit, self.head, self.tail = path, limit, head, tail
+        self.cut_bytes = 0  # written by the server, no longer in the file
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-cap", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.check()
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOG_CHECK_S):
+            self.check()
+
+    def check(self) -> None:
+        try:
+            size = self.path.stat().st_size
+            if size > self.limit:
+                self._cut(size)
+        except OSError:
+            pass  # the log is gone or unreadable: nothing to cap
+
+    def _cut(self, size: int) -> None:
+        with open(self.path, "r+b") as f:
+            f.seek(max(self.head, size - self.tail))
+            tail = f.read(self.tail)
+            dropped = size - self.head - len(tail)
+            self.cut_bytes += dropped
+            f.truncate(self.head)
+            f.seek(self.head)
+            f.write(
+                f"\n[offload-doctor: {dropped} bytes of the server's log cut here: {self.flood()}]\n"
+                .encode()
+            )
+            f.write(tail)
+
+    @property
+    def written(self) -> int:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            size = 0
+        return self.cut_bytes + size
+
+    def flood(self) -> str | None:
+        if not self.cut_bytes:
+            return None
+        took = time.monotonic() - self.started
+        return (
+            f"the server wrote {self.written / 1e6:.0f} MB of log in {took:.0f} s; its saved "
+            f"log keeps the first {self.head >> 20} MiB and the last {self.tail >> 20} MiB"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +179,7 @@ class ServerProcess:
         port_wait_s: float = 15.0,
         api_key: str | None = None,
         guard: bool = True,
+        max_log_bytes: int = MAX_LOG_BYTES,
     ) -> None:
         self.argv = argv
         self.log_path = log_path
@@ -125,6 +200,8 @@ class ServerProcess:
         self.started_at: float | None = None
         self.stop_result: StopResult | None = None
         self._log: IO[bytes] | None = None
+        head, tail = min(LOG_HEAD, max_log_bytes // 4), min(LOG_TAIL, max_log_bytes // 8)
+        self.log_cap = _LogCap(log_path, max_log_bytes, head, tail)
 
     # ------------------------------------------------------------------ start / readiness
 
@@ -133,7 +210,9 @@ class ServerProcess:
         if not (shutil.which(exe) if os.sep not in exe else os.access(exe, os.X_OK)):
             raise FileNotFoundError(2, "not found or not executable", exe)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        # O_APPEND: the server's writes land at the end even after the log cap cut the file.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        self._log = os.fdopen(os.open(self.log_path, flags, 0o600), "wb")  # closed in stop()
         self.started_at = time.monotonic()
         argv = self.argv
         if self.guard:  # the server dies with us, even on SIGKILL (see guard.py)
@@ -151,6 +230,7 @@ class ServerProcess:
             self._log.close()
             self._log = None
             raise
+        self.log_cap.start()
         self.record_tree()
 
     @property
@@ -185,7 +265,7 @@ class ServerProcess:
         deadline = (self.started_at or time.monotonic()) + timeout_s
         url = self.base_url()
         with httpx.Client(
-            timeout=httpx.Timeout(2.0, connect=1.0), trust_env=False, headers=self.headers
+            timeout=httpx.Timeout(READY_TIMEOUT_S, connect=1.0), trust_env=False, headers=self.headers
         ) as client:
             while True:
                 self.record_tree()
@@ -218,16 +298,19 @@ class ServerProcess:
         """True when ready; 401 when the server refuses us for lack of a valid API key."""
         import httpx
 
+        from vllm_offload_doctor.compare.measure import AnswerBound, bounded_get
+
         try:
-            if client.get(f"{url}/health").status_code != 200:
+            if bounded_get(client, f"{url}/health", READY_TIMEOUT_S)[0] != 200:
                 return False
-            resp = client.get(f"{url}/v1/models")
-            if resp.status_code == 401:
+            status, body = bounded_get(client, f"{url}/v1/models", READY_TIMEOUT_S)
+            if status == 401:
                 return 401
-            if resp.status_code != 200:
+            if status != 200:
                 return False
-            ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
-        except (httpx.HTTPError, ValueError, AttributeError):
+            models = json.loads(body.decode("utf-8", "replace")).get("data", [])
+            ids = [m.get("id") for m in models if isinstance(m, dict)]
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError, AnswerBound):
             return False
         return self.served_model in ids
 
@@ -337,6 +420,8 @@ class ServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+        self.log_cap.stop()
+        res.log_flood = self.log_cap.flood()
         res.port_free = self.wait_port_free(self.port_wait_s)
         res.stop_s = time.monotonic() - t0
         return res
