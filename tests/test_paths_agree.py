@@ -147,3 +147,23 @@ def test_a_long_crash_loop_keeps_the_verdict_of_one_restart(
         one.verdict.rule_id,
     )
     _full_and_replayed(lines, monkeypatch)
+
+
+def test_a_flood_of_matching_lines_keeps_the_per_line_state_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With replay off every line is fed in full: the rules a line matched are that line's alone.
+    from vllm_offload_doctor.analyze.engine import Engine, _State
+
+    eng = Engine()
+    seen: list[int] = []
+    feed = _State.feed
+
+    def watch(self: _State, line: object) -> None:
+        feed(self, line)  # type: ignore[arg-type]
+        seen.append(len(self.matched))
+
+    monkeypatch.setattr(_State, "replay", False)
+    monkeypatch.setattr(_State, "feed", watch)
+    oom = "(EngineCore pid=7) ERROR 12-02 10:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    a = eng.analyze_lines([oom] * 2000)
+    assert a.failed and len(seen) == 2000
+    assert max(seen) <= len(eng.rules) and seen[-1] == seen[0]

@@ -239,6 +239,7 @@ class _State:
         self.alarm_after_up: Evidence | None = None
 
     def feed(self, line: Line) -> None:
+        self.matched.clear()  # the rules of this line only: a flood of matching lines stays bounded
         self.last_no = line.no
         self.open_now = -1
         report = self.reports.feed(line)
