@@ -11,6 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from vllm_offload_doctor import runner
 from vllm_offload_doctor.analyze import logread, raises, repeats, reports, runs, stack, verdict
 from vllm_offload_doctor.analyze.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
@@ -690,7 +691,7 @@ def _resolve_runner(facts: Facts) -> None:
     version = _version(facts.vllm_version)
     if version is None:
         facts.model_runner = "unknown"
-    elif Version("0.12.0") <= version < Version("0.28.0"):
+    elif runner.ignores_under_v2(version):
         facts.model_runner = "v2"
     else:
         facts.model_runner = "v1"
@@ -858,7 +859,7 @@ def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = Fals
             "not build its layers with make_layers, a --cpu-offload-params filter may match nothing, or "
             "the log is partial"
         )
-        if Version("0.12.0") <= version < Version("0.28.0") and facts.model_runner == "unknown":
+        if runner.ignores_under_v2(version) and facts.model_runner == "unknown":
             why += (
                 f"; vLLM {facts.vllm_version} ignores the flag whenever the V2 model runner runs, and "
                 "this log does not say which runner ran (no 'Using V2 Model Runner' or 'Starting to "

@@ -16,6 +16,7 @@ from __future__ import annotations
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from vllm_offload_doctor import runner
 from vllm_offload_doctor.checks.context import Context
 from vllm_offload_doctor.checks.model import CheckResult, Result, Status
 from vllm_offload_doctor.checks.registry import register
@@ -99,15 +100,15 @@ def check_vllm(ctx: Context, r: Result) -> CheckResult:
         return r.warn(f"vLLM {it.vllm_version}: version not understood", details)
     env_v2 = ctx.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     name = f"vLLM {it.vllm_version} (torch {it.torch_version or 'missing'})"
-    ignored = f"{name}: --cpu-offload-gb is silently ignored by Model Runner V2 (0.12.0-0.27.1)"
+    ignored = f"{name}: --cpu-offload-gb is silently ignored by Model Runner V2 ({runner.WINDOW})"
     fix = "Upgrade to vLLM 0.28.0 or later, or export VLLM_USE_V2_MODEL_RUNNER=0."
-    if version >= Version("0.28"):
+    if version >= runner.FIXED_IN:
         return r.ok(
             f"{name}: offload works on both model runners (fixed in 0.28.0)",
             details,
             links=(PR_MRV2_FIX,),
         )
-    if version >= Version("0.12") and env_v2 == "1":
+    if version >= runner.V2_IGNORES_FROM and env_v2 == "1":
         return r.fail(
             f"{ignored}, and VLLM_USE_V2_MODEL_RUNNER=1 selects it", details, remedy=fix, links=MRV2
         )
@@ -124,7 +125,7 @@ def check_vllm(ctx: Context, r: Result) -> CheckResult:
             remedy=fix,
             links=MRV2,
         )
-    if version >= Version("0.22") and env_v2 != "0":
+    if version >= runner.V1_ESCAPE_FROM and env_v2 != "0":
         return r.warn(
             f"{ignored}; V2 is already the default for some architectures (Llama, Mistral, "
             "Qwen3 and more)",
@@ -137,6 +138,6 @@ def check_vllm(ctx: Context, r: Result) -> CheckResult:
             f"{name}: offload works, but before 0.17 nothing in the log confirms offload",
             details,
             remedy="Use `offload-doctor compare` to see whether offload took effect, or upgrade.",
-            links=MRV2 if version >= Version("0.12") else (),
+            links=MRV2 if version >= runner.V2_IGNORES_FROM else (),
         )
     return r.ok(f"{name}: offload works on the default V1 runner", details, links=MRV2)

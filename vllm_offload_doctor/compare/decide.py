@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor import links as links_mod
+from vllm_offload_doctor import runner
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, fmt_gb
 from vllm_offload_doctor.compare.hostmem import SPARED
 from vllm_offload_doctor.compare.model import (
@@ -52,7 +53,7 @@ def _version(text: str | None) -> Version | None:
 def has_escape_hatch(version: str | None) -> bool:
     """vLLM 0.22-0.27.x default to the V2 runner and let VLLM_USE_V2_MODEL_RUNNER=0 undo it."""
     v = _version(version)
-    return v is not None and Version("0.22") <= v < Version("0.28")
+    return v is not None and runner.has_escape_hatch(v)
 
 
 def runner_remedy(version: str | None) -> str:

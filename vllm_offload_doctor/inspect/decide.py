@@ -7,6 +7,7 @@ BASELINE_MAX_GIB of shared memory without offload.
 
 from __future__ import annotations
 
+from vllm_offload_doctor import runner
 from vllm_offload_doctor.inspect.model import (
     Inspection,
     ProcFacts,
@@ -44,10 +45,10 @@ def runner_explanation(version_text: str | None, env_v2: str | None) -> tuple[st
         version = None
     if version is None:
         return (
-            "the vLLM version is unknown; 0.12.0-0.27.1 ignore the flag under Model Runner V2",
+            f"the vLLM version is unknown; {runner.WINDOW} ignore the flag under Model Runner V2",
             FIX,
         )
-    if Version("0.12") <= version < Version("0.28"):
+    if runner.ignores_under_v2(version):
         if env_v2 == "1":
             why = "VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2"
         elif env_v2 == "0":
@@ -58,7 +59,7 @@ def runner_explanation(version_text: str | None, env_v2: str | None) -> tuple[st
             )
         elif version >= Version("0.25"):
             why = "Model Runner V2 is the default for dense models from 0.25"
-        elif version >= Version("0.22"):
+        elif version >= runner.V1_ESCAPE_FROM:
             why = "Model Runner V2 is the default for some architectures from 0.22"
         else:
             why = "Model Runner V2 was selected"
