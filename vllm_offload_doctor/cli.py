@@ -7,6 +7,7 @@ Heavy imports (httpx, pynvml, psutil, regex) happen inside the commands so that
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import json
 import os
@@ -84,15 +85,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         # Reader went away (e.g. `| head`): not worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(exitcodes.OK)
-    except Exception as exc:
-        if debug:
-            raise
-        message = (
-            f"{type(exc).__name__}: {exc}: a bug of offload-doctor; please report it at "
-            f"{links.DOCTOR_ISSUES} (OFFLOAD_DOCTOR_DEBUG=1 prints the traceback)"
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL or debug:
+            _internal(want, exc, debug)
+        # A full disk (TMPDIR, --out, -o FILE) is the machine's state, not a failure of the server
+        # or a bug: what was written before stays, and a rerun with room works.
+        where = f" writing {exc.filename}" if exc.filename else ""
+        _fail(
+            want,
+            "disk_full",
+            f"no space left on the device{where} ({exc.strerror}); what was written before is kept",
+            exitcodes.USAGE,
         )
-        _fail(want, "internal", message, exitcodes.INTERNAL, prefix="internal error: ")
+    except Exception as exc:
+        _internal(want, exc, debug)
     sys.exit(rv if isinstance(rv, int) else exitcodes.OK)
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _internal(want: Asked, exc: BaseException, debug: bool) -> NoReturn:
+    if debug:
+        raise exc
+    message = (
+        f"{type(exc).__name__}: {exc}: a bug of offload-doctor; please report it at "
+        f"{links.DOCTOR_ISSUES} (OFFLOAD_DOCTOR_DEBUG=1 prints the traceback)"
+    )
+    _fail(want, "internal", message, exitcodes.INTERNAL, prefix="internal error: ")
 
 
 class Asked(NamedTuple):
@@ -153,7 +173,7 @@ def _fail(
 
             from vllm_offload_doctor.common_cli import write_atomically
 
-            with contextlib.suppress(DoctorError):
+            with contextlib.suppress(DoctorError, OSError):  # FILE unwritable: stdout has it
                 write_atomically(Path(want.output), text + "\n")
     sys.exit(code)
 
