@@ -166,7 +166,7 @@ def python_messages(source: str) -> list[Entry]:
                     ret = next((r for r in ast.walk(item) if isinstance(r, ast.Return)), None)
                     text = _template(ret.value if ret else None, {}) or text
             out.setdefault(node.name, {"name": node.name, "kind": "class", "template": text})
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             local = {t.id: n.value for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets
                      if isinstance(t, ast.Name)}
             for r in ast.walk(node):
