@@ -103,3 +103,18 @@ def test_redact_numbers_places_across_the_whole_batch(tmp_path, capsys):
     pool = run(capsys, str(tmp_path), "--redact", "--jobs", "3")
     assert pool == one
     assert "10.1.2.3" not in one[1] and one[1].count("<ip-1>") >= 12 and "<ip-2>" not in one[1]
+
+
+@pytest.mark.parametrize("count", [0, 1, 5])
+@pytest.mark.parametrize("errs", [[], ["a.log: cannot read", "b.log: binary"]])
+def test_streamed_json_is_the_document_json_renders(count, errs):
+    from vllm_offload_doctor.analyze.engine import Engine
+    from vllm_offload_doctor.analyze.render import Renderer
+
+    logs = sorted(FIXTURES.rglob("*.log"))[:count]
+    eng = Engine()
+    analyses = [eng.analyze_file(p) for p in logs]
+    r = Renderer()
+    stream = r.json_stream()
+    text = stream.head() + "".join(stream.item(a) for a in analyses) + stream.tail(errs)
+    assert text == Renderer().json(analyses, errs)

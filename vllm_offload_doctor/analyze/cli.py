@@ -156,12 +156,22 @@ def analyze(
     (_, first, save), *others = targets
     job = batch.Job(tuple(rule_dirs), max_bytes, fmt, first, several)
     workers = 1 if redact else batch.workers_for(jobs, sources)
+    # JSON alone is written a result at a time and nothing is kept; --redact learns every place
+    # first and a text view beside -o ends with a table, so those keep the analyses.
+    stream = first.json_stream() if fmt is OutputFormat.JSON and not redact and not others else None
+    if stream is not None:
+        save(stream.head(), nl=False)
+    failed = False
     for done in batch.analyze_all(engine, job, sources, workers):
         if verbose and not quiet:
             click.echo(f"offload-doctor: reading {hide(done.source.name)}", err=True)
         if done.analysis is None:
             errors.append(hide(done.error or "unreadable"))
             click.echo(f"offload-doctor: error: {errors[-1]}", err=True)
+            continue
+        failed = failed or done.analysis.failed
+        if stream is not None:
+            save(stream.item(done.analysis, done.record), nl=False)
             continue
         analyses.append(done.analysis)
         if done.record is not None:
@@ -171,14 +181,17 @@ def analyze(
         for form, renderer, emit in others:
             if form.item is not None:
                 emit(form.item(renderer, done.analysis, several))
-    for form, renderer, emit in targets:
-        tail = form.end(renderer, analyses, errors, several) if form.end is not None else ""
-        if tail:
-            emit(tail)
+    if stream is not None:
+        save(stream.tail(errors))
+    else:
+        for form, renderer, emit in targets:
+            tail = form.end(renderer, analyses, errors, several) if form.end is not None else ""
+            if tail:
+                emit(tail)
     out.close()
     if errors:
         return exitcodes.USAGE
-    return exitcodes.FOUND if any(a.failed for a in analyses) else exitcodes.OK
+    return exitcodes.FOUND if failed else exitcodes.OK
 
 
 @click.command("rules", short_help="List the log rules, or explain some.")

@@ -123,6 +123,9 @@ class Renderer:
         }
         return json.dumps(payload, ensure_ascii=False, indent=2)
 
+    def json_stream(self) -> JsonStream:
+        return JsonStream(self)
+
     def jsonl_line(self, analysis: Analysis) -> str:
         return json.dumps(self.record(analysis), ensure_ascii=False)
 
@@ -343,6 +346,36 @@ def _rank_line(rank: RankOffload) -> str:
         f"    rank {rank.process}: offloader {rank.offloader or '-'}, offloaded "
         f"{show(rank.offloaded_gib)} GiB, model loading {show(rank.model_loading_gib)} GiB"
     )
+
+
+class JsonStream:
+    """`Renderer.json`'s document, byte for byte, written a result at a time: a batch of
+    thousands of logs is never held in memory to be printed at the end."""
+
+    def __init__(self, renderer: Renderer) -> None:
+        self.r = renderer
+        self.n = 0
+        self.counts: dict[str, int] = {}
+
+    def head(self) -> str:
+        return '{\n  "schema_version": ' + json.dumps(SCHEMA_VERSION) + ',\n  "results": ['
+
+    def item(self, analysis: Analysis, record: dict[str, Any] | None = None) -> str:
+        category = analysis.verdict.category.value
+        self.counts[category] = self.counts.get(category, 0) + 1
+        body = json.dumps(self.r.record(analysis) if record is None else record, ensure_ascii=False, indent=2)
+        self.n += 1
+        return ("\n" if self.n == 1 else ",\n") + "    " + body.replace("\n", "\n    ")
+
+    def tail(self, errors: Sequence[str]) -> str:
+        def nested(value: Any) -> str:
+            return json.dumps(value, ensure_ascii=False, indent=2).replace("\n", "\n  ")
+
+        close = "\n  ]" if self.n else "]"
+        return (
+            f'{close},\n  "errors": {nested([self.r._r(e) for e in errors])},\n'
+            f'  "counts": {nested(self.counts)}\n}}'
+        )
 
 
 @dataclass(frozen=True, slots=True)
