@@ -36,6 +36,7 @@ environment through `scrub_env`, every free text through `scrub_text`, every rec
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -151,6 +152,7 @@ _EDGE_TAIL = re2.compile(r"[A-Za-z0-9+/=_.~-]{1,256}$")
 _EDGE_HEAD = re2.compile(r"^[A-Za-z0-9+/=_.~-]{1,256}")
 
 
+@functools.lru_cache(maxsize=4096)  # a batch's records repeat the same few hundred keys
 def is_secret_name(name: str) -> bool:
     """True for a variable, option or key name that may hold a credential."""
     return bool(_NAME.search(name.strip("'\" -").replace("-", "_")[-80:]))
@@ -306,10 +308,22 @@ _ANY = re2.compile(
 )
 
 
+MEMO_LINE = 1024  # lines up to this long are masked once a process: records repeat their texts
+
+
 def _scrub_line(line: str) -> str:
     if not line:
         return line
     line = str.__str__(line)  # a plain str: re2 rebuilds results with type(text)()
+    return _scrub_short(line) if len(line) <= MEMO_LINE else _scrub_long(line)
+
+
+@functools.lru_cache(maxsize=8192)
+def _scrub_short(line: str) -> str:
+    return _scrub_long(line)
+
+
+def _scrub_long(line: str) -> str:
     if _ANY.search(line) is None:
         return line
     begin = _PEM_BEGIN.search(line)
