@@ -1,7 +1,7 @@
 """Many inputs on a pool of processes, one engine each; results come back in input order.
 
 Each worker analyses a log and renders what the output format needs of it (the per-log text,
-the secret-scrubbed record), so the parent only prints: on two cores a batch runs about twice
+or for JSON the secret-scrubbed record), so the parent only prints: on two cores a batch runs about twice
 as fast as in one process. A worker ignores SIGINT: Ctrl+C is the parent's to handle.
 """
 
@@ -44,7 +44,7 @@ class Done:
     analysis: Analysis | None
     error: str | None = None  # the input could not be read (scrubbed by the caller)
     item: str | None = None  # the format's per-log text, rendered in the worker
-    record: dict[str, Any] | None = None  # the scrubbed record, for json/jsonl/html
+    record: dict[str, Any] | None = None  # the scrubbed record, for json
 
 
 def cpu_count() -> int:
@@ -85,11 +85,8 @@ def run_one(engine: Engine, job: Job, source: Source) -> Done:
         return Done(source, None, str(exc))
     form = RENDERERS[job.fmt]
     item = form.item(job.renderer, analysis, job.several) if form.item is not None else None
-    record = (
-        job.renderer.record(analysis)
-        if job.fmt in (OutputFormat.JSON, OutputFormat.JSONL, OutputFormat.HTML)
-        else None
-    )
+    # Only the JSON document is built from records here; jsonl's item already holds its record.
+    record = job.renderer.record(analysis) if job.fmt is OutputFormat.JSON else None
     return Done(source, analysis, item=item, record=record)
 
 

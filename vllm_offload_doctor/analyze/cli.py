@@ -11,6 +11,7 @@ import click
 
 from vllm_offload_doctor import exitcodes
 from vllm_offload_doctor.common_cli import (
+    F,
     Output,
     color_option,
     complete_path,
@@ -22,6 +23,8 @@ from vllm_offload_doctor.common_cli import (
 from vllm_offload_doctor.formats import OutputFormat
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from vllm_offload_doctor.analyze import rule_view
     from vllm_offload_doctor.analyze.rules import Rule
 
@@ -52,18 +55,23 @@ def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return int(size)
 
 
+def rule_dirs_option(help_text: str) -> Callable[[F], F]:
+    """`--rules DIR`, repeatable: analyze and rules read the same extra rule folders."""
+    return click.option(
+        "--rules",
+        "rule_dirs",
+        multiple=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help=help_text,
+    )
+
+
 @click.command("analyze", short_help="Name the root cause in vLLM server logs.")
 @click.argument("paths", nargs=-1, required=True, shell_complete=complete_path)
 @format_option(
     FORMATS, "markdown is a reply to paste into an issue; several inputs end with a triage table."
 )
-@click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Directory of extra rule files (TOML); may be repeated.",
-)
+@rule_dirs_option("Directory of extra rule files (TOML); may be repeated.")
 @click.option(
     "--redact",
     is_flag=True,
@@ -196,13 +204,7 @@ def analyze(
 
 @click.command("rules", short_help="List the log rules, or explain some.")
 @click.argument("rule_ids", metavar="[ID]...", nargs=-1)
-@click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Directory of extra rule files (TOML) to list with the built-in ones; may be repeated.",
-)
+@rule_dirs_option("Directory of extra rule files (TOML) to list with the built-in ones; may be repeated.")
 @format_option(
     (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.MARKDOWN),
     "markdown: the rule table as the README shows it, or each rule explained.",
