@@ -11,8 +11,9 @@ from vllm_offload_doctor.errors import DoctorError
 from vllm_offload_doctor.inspect.cli import EXIT, inspect_servers
 from vllm_offload_doctor.inspect.decide import decide
 from vllm_offload_doctor.inspect.model import ServerFacts, Verdict
-from vllm_offload_doctor.inspect.procs import Gpu, Unreadable, find_servers, gather, parse_status
+from vllm_offload_doctor.inspect.procs import Gpu, Unreadable, find_servers, gather
 from vllm_offload_doctor.inspect.render import RENDERERS
+from vllm_offload_doctor.machine.procstatus import parse_status
 
 # Measured on an H200, vLLM 0.25.1, --cpu-offload-gb 0.5, EngineCore /proc/PID/status.
 H200_IGNORED = {"RssShmem": 63_752, "VmRSS": 2_184_084}

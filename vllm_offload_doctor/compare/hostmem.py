@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from vllm_offload_doctor.compare.records import Json, pack
+from vllm_offload_doctor.machine.procstatus import read_status
 
 GIB = 2**30
 SAMPLE_EVERY_S = 1.0
@@ -63,13 +64,9 @@ class RealHostProbe:
 
 def _rss_shmem(pid: int) -> int:
     try:
-        text = Path(f"/proc/{pid}/status").read_text()
+        return read_status(pid).get("RssShmem", 0) * 1024
     except OSError:
         return 0
-    for line in text.splitlines():
-        if line.startswith("RssShmem:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _cgroup_limit() -> int | None:

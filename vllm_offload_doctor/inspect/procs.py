@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vllm_offload_doctor.inspect.model import HttpFacts, ProcFacts, ServerFacts
+from vllm_offload_doctor.machine.procstatus import read_status
 
 RUNNER_VARS = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_API_KEY")
 _ROLE = re.compile(r"(EngineCore(?:_DP\d+)?|Worker_TP\d+|Worker(?:_\w+)?)")
@@ -88,13 +89,11 @@ class RealSource:
 
     def status(self, pid: int) -> Mapping[str, int]:
         try:
-            with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
-                text = fh.read()
+            return read_status(pid)
         except PermissionError as exc:
             raise Unreadable("permission denied (another user's process?)") from exc
         except OSError as exc:
             raise Unreadable(f"cannot read /proc/{pid}/status: {exc.strerror or exc}") from exc
-        return parse_status(text)
 
     def exe(self, pid: int) -> str | None:
         import psutil
@@ -141,17 +140,6 @@ def _why(exc: Exception) -> str:
     if isinstance(exc, psutil.NoSuchProcess):
         return "the process is gone"
     return str(exc) or type(exc).__name__
-
-
-def parse_status(text: str) -> dict[str, int]:
-    """The `NAME: N kB` lines of /proc/PID/status."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-            out[name.strip()] = int(parts[0])
-    return out
 
 
 # --- command lines ---------------------------------------------------------------------------
