@@ -158,14 +158,6 @@ def is_secret_name(name: str) -> bool:
     return bool(_NAME.search(name.strip("'\" -").replace("-", "_")[-80:]))
 
 
-def _base64ish(run: str) -> bool:
-    return (
-        run.endswith("=")
-        or any(c.isdigit() or c in "+/" for c in run)
-        or not (run.isupper() or run.islower())
-    )
-
-
 def _harmless(value: str) -> bool:
     return value.strip().strip("'\"").lower() in _HARMLESS
 
@@ -898,11 +890,6 @@ def redact(
 def scrub_cut(text: str, limit: int) -> str:
     """Mask, then cut to `limit`: a secret cut first loses the shape the masker needs."""
     return scrub_text(text[: limit * 4])[:limit]
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """Former name of `scrub_argv`, kept for callers."""
-    return scrub_argv(argv)
 
 
 def _host_names() -> list[str]:

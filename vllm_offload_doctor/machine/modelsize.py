@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_offload_doctor.errors import InputError, ProbeError
+from vllm_offload_doctor.errors import ProbeError
 from vllm_offload_doctor.machine.fit import DTYPE_BYTES, ModelShape, model_shape
 
 
@@ -45,19 +45,6 @@ def inspect_model(model: str, env: Mapping[str, str], home: Path) -> ModelSize:
             "(check never downloads)"
         )
     return size_model(path)
-
-
-def resolve_model(model: str, env: Mapping[str, str], home: Path) -> Path:
-    """The model's local directory; InputError naming the path when it is missing or has no config."""
-    path = locate_model(model, env, home)
-    if path is None:
-        raise InputError(
-            f"--model {model}: no such directory, and not in the local Hugging Face cache "
-            "(check never downloads)"
-        )
-    if not (path / "config.json").is_file():
-        raise InputError(f"--model {model}: no config.json in {path}")
-    return path
 
 
 def locate_model(model: str, env: Mapping[str, str], home: Path) -> Path | None:
