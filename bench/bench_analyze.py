@@ -94,29 +94,44 @@ def serving_chunk(rng: random.Random, minute: int) -> str:
         ts = f"11-29 {15 + minute // 60 % 9:02d}:{minute % 60:02d}:{second % 60:02d}"
         kind = rng.random()
         if kind < 0.70:
-            path = rng.choice(("/v1/chat/completions", "/v1/chat/completions", "/v1/completions",
-                               "/metrics", "/health"))
+            path = rng.choice(
+                (
+                    "/v1/chat/completions",
+                    "/v1/chat/completions",
+                    "/v1/completions",
+                    "/metrics",
+                    "/health",
+                )
+            )
             verb = "GET" if path in ("/metrics", "/health") else "POST"
-            line = (f'(APIServer pid=1725) INFO:     10.0.{rng.randrange(256)}.{rng.randrange(256)}:'
-                    f'{rng.randrange(1024, 65535)} - "{verb} {path} HTTP/1.1" 200 OK')
+            line = (
+                f"(APIServer pid=1725) INFO:     10.0.{rng.randrange(256)}.{rng.randrange(256)}:"
+                f'{rng.randrange(1024, 65535)} - "{verb} {path} HTTP/1.1" 200 OK'
+            )
         elif kind < 0.80:
-            line = (f"(APIServer pid=1725) INFO {ts} [loggers.py:257] Engine 000: Avg prompt "
-                    f"throughput: {rng.uniform(0, 9000):.1f} tokens/s, Avg generation throughput: "
-                    f"{rng.uniform(0, 3000):.1f} tokens/s, Running: {rng.randrange(64)} reqs, "
-                    f"Waiting: {rng.randrange(8)} reqs, GPU KV cache usage: "
-                    f"{rng.uniform(0, 99):.1f}%, Prefix cache hit rate: {rng.uniform(0, 80):.1f}%")
+            line = (
+                f"(APIServer pid=1725) INFO {ts} [loggers.py:257] Engine 000: Avg prompt "
+                f"throughput: {rng.uniform(0, 9000):.1f} tokens/s, Avg generation throughput: "
+                f"{rng.uniform(0, 3000):.1f} tokens/s, Running: {rng.randrange(64)} reqs, "
+                f"Waiting: {rng.randrange(8)} reqs, GPU KV cache usage: "
+                f"{rng.uniform(0, 99):.1f}%, Prefix cache hit rate: {rng.uniform(0, 80):.1f}%"
+            )
         elif kind < 0.999:
             rid = f"chatcmpl-{rng.getrandbits(128):032x}"
-            line = (f"(APIServer pid=1725) INFO {ts} [logger.py:71] Received request {rid}: "
-                    f"prompt: '<|im_start|>user\\n{rng.choice(PROMPTS)}<|im_end|>\\n"
-                    "<|im_start|>assistant\\n', params: SamplingParams(n=1, presence_penalty=0.0, "
-                    f"frequency_penalty=0.0, repetition_penalty=1.0, temperature={rng.random():.2f}, "
-                    f"top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=[], max_tokens="
-                    f"{rng.randrange(16, 2048)}, min_tokens=0), lora_request: None.")
+            line = (
+                f"(APIServer pid=1725) INFO {ts} [logger.py:71] Received request {rid}: "
+                f"prompt: '<|im_start|>user\\n{rng.choice(PROMPTS)}<|im_end|>\\n"
+                "<|im_start|>assistant\\n', params: SamplingParams(n=1, presence_penalty=0.0, "
+                f"frequency_penalty=0.0, repetition_penalty=1.0, temperature={rng.random():.2f}, "
+                f"top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=[], max_tokens="
+                f"{rng.randrange(16, 2048)}, min_tokens=0), lora_request: None."
+            )
         else:
-            line = (f"(EngineCore pid=1802) WARNING {ts} [scheduler.py:1500] Sequence group "
-                    f"{rng.randrange(10**6)} is preempted by PreemptionMode.RECOMPUTE because "
-                    "there is not enough KV cache space.")
+            line = (
+                f"(EngineCore pid=1802) WARNING {ts} [scheduler.py:1500] Sequence group "
+                f"{rng.randrange(10**6)} is preempted by PreemptionMode.RECOMPUTE because "
+                "there is not enough KV cache space."
+            )
         out.append(line)
         size += len(line) + 1
         second += 1
@@ -150,11 +165,15 @@ def prefilter_ere() -> tuple[str, int]:
 
 def timed(cmd: list[str]) -> tuple[float, int, str, int]:
     """Wall seconds, peak RSS (KiB), stdout, return code of one command."""
-    time_bin = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
+    time_bin = shutil.which("time") or (
+        "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
+    )
     if time_bin:
         with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
             t0 = time.perf_counter()
-            proc = subprocess.run([time_bin, "-v", "-o", tf.name, *cmd], capture_output=True, text=True)
+            proc = subprocess.run(
+                [time_bin, "-v", "-o", tf.name, *cmd], capture_output=True, text=True
+            )
             wall = time.perf_counter() - t0
             m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", Path(tf.name).read_text())
             if m:
@@ -187,10 +206,16 @@ def doctor_cmd() -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=1024, help="size of the generated log (default 1024)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--size-mb", type=int, default=1024, help="size of the generated log (default 1024)"
+    )
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
-    ap.add_argument("--dir", type=Path, default=None, help="where to build the log (default: a temp dir)")
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="where to build the log (default: a temp dir)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
@@ -200,7 +225,9 @@ def main() -> int:
     try:
         t0 = time.perf_counter()
         size = build_log(log, args.size_mb, args.corpus)
-        print(f"built {log} ({size / MB:.0f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        print(
+            f"built {log} ({size / MB:.0f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr
+        )
 
         # Warm the page cache so neither side pays for the disk.
         subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)
@@ -210,7 +237,9 @@ def main() -> int:
         if grep_rc not in (0, 1):
             print(f"grep failed (rc {grep_rc})", file=sys.stderr)
 
-        an_wall, an_rss, an_out, an_rc = timed([*doctor_cmd(), "analyze", "--format", "json", str(log)])
+        an_wall, an_rss, an_out, an_rc = timed(
+            [*doctor_cmd(), "analyze", "--format", "json", str(log)]
+        )
         try:
             verdict = json.loads(an_out)["results"][0]["verdict"]["category"]
         except (ValueError, KeyError, IndexError):
@@ -228,23 +257,49 @@ def main() -> int:
         ratio = an_mbs / grep_mbs
         rows = [
             ("log size", f"{size / MB:.0f} MB", ""),
-            ("grep -E -c (prefilter keywords)", f"{grep_wall:.2f} s, {grep_mbs:.0f} MB/s",
-             f"{grep_out.strip()} matching lines, {n_words} keywords"),
-            ("analyze --format json", f"{an_wall:.2f} s, {an_mbs:.1f} MB/s",
-             f"verdict {verdict}, rc {an_rc}"),
-            ("analyze / grep throughput", f"{ratio:.3f}", "target >= 0.333 " + ("OK" if ratio >= 1 / 3 else "MISSED")),
-            ("analyze peak RSS", f"{an_rss / 1024:.1f} MiB",
-             "target < 100 MB " + ("OK" if an_rss * 1024 < 100 * MB else "MISSED")),
-            ("--version (median of 10)", f"{version_ms:.0f} ms",
-             "target < 150 ms " + ("OK" if version_ms < 150 else "MISSED")),
+            (
+                "grep -E -c (prefilter keywords)",
+                f"{grep_wall:.2f} s, {grep_mbs:.0f} MB/s",
+                f"{grep_out.strip()} matching lines, {n_words} keywords",
+            ),
+            (
+                "analyze --format json",
+                f"{an_wall:.2f} s, {an_mbs:.1f} MB/s",
+                f"verdict {verdict}, rc {an_rc}",
+            ),
+            (
+                "analyze / grep throughput",
+                f"{ratio:.3f}",
+                "target >= 0.333 " + ("OK" if ratio >= 1 / 3 else "MISSED"),
+            ),
+            (
+                "analyze peak RSS",
+                f"{an_rss / 1024:.1f} MiB",
+                "target < 100 MB " + ("OK" if an_rss * 1024 < 100 * MB else "MISSED"),
+            ),
+            (
+                "--version (median of 10)",
+                f"{version_ms:.0f} ms",
+                "target < 150 ms " + ("OK" if version_ms < 150 else "MISSED"),
+            ),
         ]
         print_rows(rows)
         if args.json:
-            print(json.dumps({
-                "size_bytes": size, "grep_s": grep_wall, "grep_mb_s": grep_mbs,
-                "analyze_s": an_wall, "analyze_mb_s": an_mbs, "ratio": ratio,
-                "analyze_peak_rss_kib": an_rss, "version_ms": version_ms, "verdict": verdict,
-            }))
+            print(
+                json.dumps(
+                    {
+                        "size_bytes": size,
+                        "grep_s": grep_wall,
+                        "grep_mb_s": grep_mbs,
+                        "analyze_s": an_wall,
+                        "analyze_mb_s": an_mbs,
+                        "ratio": ratio,
+                        "analyze_peak_rss_kib": an_rss,
+                        "version_ms": version_ms,
+                        "verdict": verdict,
+                    }
+                )
+            )
         return 0
     finally:
         if args.keep:

@@ -51,7 +51,9 @@ def main() -> int:
     try:
         size = build(logs, args.files, args.corpus)
         words = work / "words.txt"
-        words.write_text("\n".join(w for w, _ in Engine().prefilter_words()) + "\n", encoding="utf-8")
+        words.write_text(
+            "\n".join(w for w, _ in Engine().prefilter_words()) + "\n", encoding="utf-8"
+        )
         subprocess.run(["cat", *map(str, logs.iterdir())], stdout=subprocess.DEVNULL, check=False)
         g_wall, _, _, _ = timed(["grep", "-r", "-F", "-c", "-f", str(words), str(logs)])
         j_wall, j_rss, _, j_rc = timed([*doctor_cmd(), "analyze", "--format", "json", str(logs)])

@@ -44,7 +44,10 @@ def main() -> int:
     args = parser.parse_args()
 
     # This tree first, then whatever the caller's path adds (a dependency installed with --target).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+    }
     check = [sys.executable, "-m", "vllm_offload_doctor", "check", "--format", "json"]
     smi_path = shutil.which("nvidia-smi")
     smi = [smi_path, "-q"] if smi_path else None

@@ -80,7 +80,11 @@ def _compiled(value: Any) -> bool:
 
 def _module(name: str) -> Any:
     """A module of the code under test, wherever its layout keeps it."""
-    for package in ("vllm_offload_doctor.analyze", "vllm_offload_doctor.compare", "vllm_offload_doctor"):
+    for package in (
+        "vllm_offload_doctor.analyze",
+        "vllm_offload_doctor.compare",
+        "vllm_offload_doctor",
+    ):
         try:
             return importlib.import_module(f"{package}.{name}")
         except ImportError:
@@ -262,12 +266,22 @@ def crafted_files(size: int, limit_s: float, millions: float) -> list[Any]:
             line = make(size)
             path.write_text((line + "\n") * max(1, (2 * MB) // len(line)), encoding="utf-8")
             dt, hung = _timed_analyze(path, limit_s)
-            rows.append((f"2 MB of {name} ({size // 1024} KiB lines)", dt / (path.stat().st_size / MB), hung))
+            rows.append(
+                (
+                    f"2 MB of {name} ({size // 1024} KiB lines)",
+                    dt / (path.stat().st_size / MB),
+                    hung,
+                )
+            )
         with path.open("w", encoding="utf-8") as fh:
             for i in range(int(millions * 1_000_000)):
-                fh.write(f"ERROR 11-29 15:14:25 [core.py:1] RuntimeError: failure {i:x} at step {i * 7}\n")
+                fh.write(
+                    f"ERROR 11-29 15:14:25 [core.py:1] RuntimeError: failure {i:x} at step {i * 7}\n"
+                )
         dt, hung = _timed_analyze(path, limit_s)
-        rows.append((f"{millions:g} M distinct exception lines", dt / (path.stat().st_size / MB), hung))
+        rows.append(
+            (f"{millions:g} M distinct exception lines", dt / (path.stat().st_size / MB), hung)
+        )
     return rows
 
 
@@ -299,7 +313,9 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=3.0, help="time per pattern before moving on")
     ap.add_argument("--limit-s", type=float, default=20.0, help="time limit of one analyze run")
     ap.add_argument("--crafted-kb", type=int, default=16, help="line length of the crafted files")
-    ap.add_argument("--millions", type=float, default=1.0, help="distinct exception lines, millions")
+    ap.add_argument(
+        "--millions", type=float, default=1.0, help="distinct exception lines, millions"
+    )
     ap.add_argument("--only", choices=("before", "after"), help="measure one side only")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -307,7 +323,9 @@ def main() -> int:
     if args.measure:
         result = measure(args.size_kb * 1024, args.budget_s)
         # The fixed cases, and each family's worst line.
-        cases = dict.fromkeys([*E2E, *((r["shape"], r["word"]) for r in result.values() if r["shape"])])
+        cases = dict.fromkeys(
+            [*E2E, *((r["shape"], r["word"]) for r in result.values() if r["shape"])]
+        )
         result["analyze"] = analyze_worst(args.analyze_kb * 1024, args.limit_s, cases)
         result["files"] = crafted_files(args.crafted_kb * 1024, args.limit_s, args.millions)
         print(json.dumps(result))

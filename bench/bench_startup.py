@@ -51,8 +51,16 @@ def main() -> int:
         [
             ("bare python", f"{bare * 1e3:.0f} ms", "baseline"),
             ("import click psutil httpx re2", f"{imports * 1e3:.0f} ms", "baseline"),
-            ("--version", f"{version * 1e3:.0f} ms", f"{version / bare:.2f} x bare python (goal <= 60 ms)"),
-            ("analyze one line", f"{analyze * 1e3:.0f} ms", f"{analyze / imports:.2f} x the imports (goal <= 2.5 x)"),
+            (
+                "--version",
+                f"{version * 1e3:.0f} ms",
+                f"{version / bare:.2f} x bare python (goal <= 60 ms)",
+            ),
+            (
+                "analyze one line",
+                f"{analyze * 1e3:.0f} ms",
+                f"{analyze / imports:.2f} x the imports (goal <= 2.5 x)",
+            ),
             ("rules", f"{rules * 1e3:.0f} ms", f"{rules / imports:.2f} x the imports"),
         ]
     )

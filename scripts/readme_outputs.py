@@ -31,7 +31,12 @@ def env() -> dict[str, str]:
     """A plain 80-column terminal with no colour, the same on every machine."""
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SYSTEMROOT")}
     # Unbuffered: stdout and stderr interleave in the order they are written, as on a terminal.
-    return keep | {"COLUMNS": "80", "NO_COLOR": "1", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return keep | {
+        "COLUMNS": "80",
+        "NO_COLOR": "1",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def run(args: str) -> str:

@@ -40,9 +40,17 @@ OUT = ROOT / "vllm_offload_doctor" / "data" / "stack-messages.json"
 CACHE = ROOT / ".stack-cache"
 FORMAT = "stack-messages/2"
 PLATFORM = (
-    "--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
-    "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64",
-    "--platform", "manylinux_2_12_x86_64",
+    "--only-binary=:all:",
+    "--python-version",
+    "3.11",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_12_x86_64",
 )
 ZIG = "ziglang/lib/libc/include/"
 
@@ -85,7 +93,11 @@ def nccl_results(header: Any, blob: Any) -> list[Entry]:
         if name in ("ncclSuccess", "ncclNumResults"):
             continue
         words = re.sub(r"(?<!^)(?=[A-Z])", " ", name[4:]).lower().removesuffix(" error")
-        pat = re.compile(rb"(?<=\x00)((?:unhandled )?" + re.escape(words.encode()) + rb"[\x20-\x7e]{0,100})(?=\x00)")
+        pat = re.compile(
+            rb"(?<=\x00)((?:unhandled )?"
+            + re.escape(words.encode())
+            + rb"[\x20-\x7e]{0,100})(?=\x00)"
+        )
         texts = sorted({m.decode() for m in pat.findall(blob)}, key=lambda s: (-len(s), s))
         if texts:
             out.append({"name": name, "code": int(value), "kind": "code", "template": texts[0]})
@@ -98,7 +110,9 @@ def errno_table(*headers: str) -> list[Entry]:
     for header in headers:
         for name, value, text in _DEFINE.findall(header):
             if text:
-                out.setdefault(name, {"name": name, "code": int(value), "kind": "errno", "template": text})
+                out.setdefault(
+                    name, {"name": name, "code": int(value), "kind": "errno", "template": text}
+                )
     return list(out.values())
 
 
@@ -113,7 +127,11 @@ def c_strings(blob: bytes, needle: str) -> list[Entry]:
             # 'CUDA driver error: ' is a head the library completes with the driver's text
             head = raw.endswith(": ")
             name = text.rstrip(":") if head else text
-            out[name] = {"name": name, "kind": "text", "template": text + " {detail}" if head else text}
+            out[name] = {
+                "name": name,
+                "kind": "text",
+                "template": text + " {detail}" if head else text,
+            }
     return [out[k] for k in sorted(out)]
 
 
@@ -135,7 +153,11 @@ def _template(node: ast.AST | None, names: dict[str, ast.AST]) -> str | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _template(node.left, names), _template(node.right, names)
         return left + right if left is not None and right is not None else None
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format"
+    ):
         return _template(node.func.value, names)
     return None
 
@@ -150,8 +172,13 @@ def python_messages(source: str) -> list[Entry]:
     `raise X("...")`, with module-level `*_ERROR` message constants and `msg = ...; raise X(msg)`."""
     tree = ast.parse(source)
     out: dict[str, Entry] = {}
-    consts = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
-              if isinstance(t, ast.Name) and t.id.endswith("_ERROR")}
+    consts = {
+        t.id: n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name) and t.id.endswith("_ERROR")
+    }
     for value in consts.values():
         text = _template(value, {})
         if text and len(_literal_core(text)) >= 16:
@@ -167,8 +194,13 @@ def python_messages(source: str) -> list[Entry]:
                     text = _template(ret.value if ret else None, {}) or text
             out.setdefault(node.name, {"name": node.name, "kind": "class", "template": text})
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            local = {t.id: n.value for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets
-                     if isinstance(t, ast.Name)}
+            local = {
+                t.id: n.value
+                for n in ast.walk(node)
+                if isinstance(n, ast.Assign)
+                for t in n.targets
+                if isinstance(t, ast.Name)
+            }
             for r in ast.walk(node):
                 if not (isinstance(r, ast.Raise) and isinstance(r.exc, ast.Call) and r.exc.args):
                     continue
@@ -205,25 +237,64 @@ def _text(blobs: dict[str, bytes]) -> list[str]:
 # library, pip requirement, members to read, how to read them (member -> bytes, in order)
 Source = tuple[str, str, tuple[str, ...], Callable[[dict[str, bytes]], list[Entry]]]
 PINS: tuple[Source, ...] = (
-    ("cuda-runtime", "nvidia-cuda-runtime-cu12==12.4.127", ("nvidia/cuda_runtime/include/driver_types.h",),
-     lambda b: cuda_errors(*_text(b))),
-    ("nccl", "nvidia-nccl-cu12==2.27.3", ("nvidia/nccl/include/nccl.h", "nvidia/nccl/lib/libnccl.so.2"),
-     lambda b: nccl_results(*(x.decode() if m.endswith(".h") else x for m, x in b.items()))),
-    ("errno-linux", "ziglang==0.13.0",
-     (ZIG + "any-linux-any/asm-generic/errno-base.h", ZIG + "any-linux-any/asm-generic/errno.h"),
-     lambda b: errno_table(*_text(b))),
-    ("errno-macos", "ziglang==0.13.0", (ZIG + "any-macos-any/sys/errno.h",), lambda b: errno_table(*_text(b))),
-    ("gai-glibc", "ziglang==0.13.0", (ZIG + "generic-glibc/netdb.h",), lambda b: errno_table(*_text(b))),
-    ("safetensors", "safetensors==0.4.5", ("safetensors/_safetensors_rust.cpython-311-x86_64-linux-gnu.so",),
-     lambda b: rust_strings(*b.values())),
-    ("tokenizers", "tokenizers==0.22.1", ("tokenizers/tokenizers.abi3.so",), lambda b: rust_strings(*b.values())),
+    (
+        "cuda-runtime",
+        "nvidia-cuda-runtime-cu12==12.4.127",
+        ("nvidia/cuda_runtime/include/driver_types.h",),
+        lambda b: cuda_errors(*_text(b)),
+    ),
+    (
+        "nccl",
+        "nvidia-nccl-cu12==2.27.3",
+        ("nvidia/nccl/include/nccl.h", "nvidia/nccl/lib/libnccl.so.2"),
+        lambda b: nccl_results(*(x.decode() if m.endswith(".h") else x for m, x in b.items())),
+    ),
+    (
+        "errno-linux",
+        "ziglang==0.13.0",
+        (ZIG + "any-linux-any/asm-generic/errno-base.h", ZIG + "any-linux-any/asm-generic/errno.h"),
+        lambda b: errno_table(*_text(b)),
+    ),
+    (
+        "errno-macos",
+        "ziglang==0.13.0",
+        (ZIG + "any-macos-any/sys/errno.h",),
+        lambda b: errno_table(*_text(b)),
+    ),
+    (
+        "gai-glibc",
+        "ziglang==0.13.0",
+        (ZIG + "generic-glibc/netdb.h",),
+        lambda b: errno_table(*_text(b)),
+    ),
+    (
+        "safetensors",
+        "safetensors==0.4.5",
+        ("safetensors/_safetensors_rust.cpython-311-x86_64-linux-gnu.so",),
+        lambda b: rust_strings(*b.values()),
+    ),
+    (
+        "tokenizers",
+        "tokenizers==0.22.1",
+        ("tokenizers/tokenizers.abi3.so",),
+        lambda b: rust_strings(*b.values()),
+    ),
     ("torch", "torch==2.9.0", ("torch/cuda/__init__.py", "torch/lib/libc10_cuda.so"), _torch),
     ("triton", "triton==3.5.1", ("triton/runtime/errors.py", "triton/compiler/errors.py"), _py),
-    ("ray", "ray==2.50.1", ("ray/exceptions.py", "ray/_private/utils.py", "ray/core/src/ray/raylet/raylet"), _ray),
+    (
+        "ray",
+        "ray==2.50.1",
+        ("ray/exceptions.py", "ray/_private/utils.py", "ray/core/src/ray/raylet/raylet"),
+        _ray,
+    ),
     ("transformers", "transformers==4.40.1", ("transformers/utils/import_utils.py",), _py),
     ("transformers", "transformers==4.57.1", ("transformers/utils/import_utils.py",), _py),
-    ("huggingface_hub", "huggingface_hub==0.36.0",
-     ("huggingface_hub/errors.py", "huggingface_hub/file_download.py"), _py),
+    (
+        "huggingface_hub",
+        "huggingface_hub==0.36.0",
+        ("huggingface_hub/errors.py", "huggingface_hub/file_download.py"),
+        _py,
+    ),
 )
 
 
@@ -240,7 +311,18 @@ def fetch() -> None:
     CACHE.mkdir(exist_ok=True)
     for req in dict.fromkeys(p[1] for p in PINS):
         if cached(req) is None:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *PLATFORM, "-d", str(CACHE), req]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-q",
+                *PLATFORM,
+                "-d",
+                str(CACHE),
+                req,
+            ]
             subprocess.run(cmd, check=True)
 
 
@@ -252,8 +334,13 @@ def source_entries(source: Source, cache: Path = CACHE) -> list[Entry]:
     package, version = req.split("==")
     with zipfile.ZipFile(wheel) as z:
         found = read({m: z.read(m) for m in members})
-    files = ", ".join(m.split("include/", 1)[1] if "include/" in m else m.rsplit("/", 1)[-1] for m in members)
-    return [{"library": library, "package": package, "versions": [version], "file": files, **e} for e in found]
+    files = ", ".join(
+        m.split("include/", 1)[1] if "include/" in m else m.rsplit("/", 1)[-1] for m in members
+    )
+    return [
+        {"library": library, "package": package, "versions": [version], "file": files, **e}
+        for e in found
+    ]
 
 
 def merge(entries: Iterable[Entry]) -> list[Entry]:
@@ -270,8 +357,12 @@ def merge(entries: Iterable[Entry]) -> list[Entry]:
 
 def build(cache: Path = CACHE) -> dict[str, Any]:
     messages = merge(e for s in PINS for e in source_entries(s, cache))
-    return {"format": FORMAT, "generated_by": "scripts/stack_catalogue.py",
-            "sources": sorted({p[1] for p in PINS}), "messages": messages}
+    return {
+        "format": FORMAT,
+        "generated_by": "scripts/stack_catalogue.py",
+        "sources": sorted({p[1] for p in PINS}),
+        "messages": messages,
+    }
 
 
 def dump(doc: dict[str, Any]) -> str:

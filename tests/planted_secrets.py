@@ -34,9 +34,7 @@ SECRETS: dict[str, str] = {
 }
 
 _S = SECRETS
-_PEM_INLINE = (
-    "-----BEGIN PRIVATE KEY-----\\n" + _S["pem_body"] + "\\n-----END PRIVATE KEY-----\\n"
-)
+_PEM_INLINE = "-----BEGIN PRIVATE KEY-----\\n" + _S["pem_body"] + "\\n-----END PRIVATE KEY-----\\n"
 _ERR = "(APIServer pid=1) ERROR 11-29 15:14:25 [api_server.py:1]"
 
 
@@ -76,8 +74,11 @@ def secret_log() -> str:
 
 
 SECRET_ARGV = [
-    "--api-key", _S["api_key_arg"], f"--hf-token={_S['hf_token']}",
-    "--model", f"https://u:{_S['url_password']}@mirror.example.com/m",
+    "--api-key",
+    _S["api_key_arg"],
+    f"--hf-token={_S['hf_token']}",
+    "--model",
+    f"https://u:{_S['url_password']}@mirror.example.com/m",
 ]
 SECRET_ENV = {
     "HF_TOKEN": _S["hf_token"],
@@ -91,9 +92,20 @@ SECRET_ENV = {
 # long high-entropy run); the others are secrets only by their place (see PLACES).
 SELF_EVIDENT = frozenset(
     {
-        "hf_token", "openai_key", "github_classic", "github_oauth", "github_fine_grained",
-        "aws_access_key_id", "aws_secret_key", "slack_bot", "gitlab", "google_api", "jwt",
-        "stripe", "pem_body", "high_entropy_bare",
+        "hf_token",
+        "openai_key",
+        "github_classic",
+        "github_oauth",
+        "github_fine_grained",
+        "aws_access_key_id",
+        "aws_secret_key",
+        "slack_bot",
+        "gitlab",
+        "google_api",
+        "jwt",
+        "stripe",
+        "pem_body",
+        "high_entropy_bare",
     }
 )
 

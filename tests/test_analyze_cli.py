@@ -15,9 +15,7 @@ from shared_corpus import CORPUS, NOT_FOUND
 
 from vllm_offload_doctor import cli, redact
 
-needs_corpus = pytest.mark.skipif(
-    not (CORPUS / "H-001.log").is_file(), reason=NOT_FOUND
-)
+needs_corpus = pytest.mark.skipif(not (CORPUS / "H-001.log").is_file(), reason=NOT_FOUND)
 
 HEALTHY = "H-001.log"  # healthy, no offload requested
 EFFECTIVE = "H-003.log"  # healthy, 0.51 GiB offloaded
@@ -46,8 +44,12 @@ https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/main/config.json on {HOST
 """
 
 
-def run(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     full_env.pop("OFFLOAD_DOCTOR_DEBUG", None)
     proc = subprocess.run(
@@ -222,7 +224,11 @@ def test_color_flag_colours_text(logs: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_offload_doctor", "analyze", "--color", PORT],
-        capture_output=True, text=True, cwd=logs, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=logs,
+        env=env,
+        timeout=120,
     )
     assert ANSI.search(proc.stdout)
 
@@ -235,7 +241,10 @@ def test_no_color_env_on_a_tty(logs: Path) -> None:
     env = {**os.environ, "NO_COLOR": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm_offload_doctor", "analyze", PORT],
-        stdout=child, stderr=subprocess.DEVNULL, cwd=logs, env=env,
+        stdout=child,
+        stderr=subprocess.DEVNULL,
+        cwd=logs,
+        env=env,
     )
     os.close(child)
     chunks = []

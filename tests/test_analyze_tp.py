@@ -15,7 +15,9 @@ HEAD = [
 def _rank(proc: str, offloaded: float | None, loading: float) -> list[str]:
     lines = []
     if offloaded is not None:
-        lines.append(f"({proc}) INFO 11-29 15:17:11 [uva.py:58] Total CPU offloaded parameters: {offloaded}")
+        lines.append(
+            f"({proc}) INFO 11-29 15:17:11 [uva.py:58] Total CPU offloaded parameters: {offloaded}"
+        )
     lines.append(
         f"({proc}) INFO 11-29 15:17:13 [gpu_model_runner.py:5306] "
         f"Model loading took {loading} GiB memory and 1.2 seconds"

@@ -24,7 +24,9 @@ def folder(tmp_path_factory) -> Path:
     for i in range(24):
         src = logs[i % len(logs)]
         shutil.copyfile(src, out / f"{i:02d}-{src.name}")
-    (out / "25-packed.log.gz").write_bytes(gzip.compress((FIXTURES / "oom-weights-0.25.1.log").read_bytes()))
+    (out / "25-packed.log.gz").write_bytes(
+        gzip.compress((FIXTURES / "oom-weights-0.25.1.log").read_bytes())
+    )
     (out / "26-binary.log").write_bytes(b"\x00\x01\x02" * 4096)
     return out
 

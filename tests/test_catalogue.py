@@ -39,11 +39,15 @@ def test_catalogue_file_is_well_formed() -> None:
         assert m.kind in ("raise", "log")
         assert m.file.startswith("vllm/") and m.file.endswith(".py")
         assert ordered.index(m.first) <= ordered.index(m.last)
-        assert all(ordered.index(m.first) < ordered.index(v) < ordered.index(m.last) for v in m.missing)
+        assert all(
+            ordered.index(m.first) < ordered.index(v) < ordered.index(m.last) for v in m.missing
+        )
     # One entry per (template, kind, type, file), in the generator's sorted order.
     keys = [(m.template, m.kind, m.type, m.file) for m in CAT.messages]
     assert len(keys) == len(set(keys))
-    assert [(m.file, m.line) for m in CAT.messages] == sorted((m.file, m.line) for m in CAT.messages)
+    assert [(m.file, m.line) for m in CAT.messages] == sorted(
+        (m.file, m.line) for m in CAT.messages
+    )
 
 
 def test_rules_that_quote_vllm_cite_it() -> None:
@@ -94,12 +98,20 @@ def test_instance_of_reads_placeholders_and_literal_braces() -> None:
     template = "Loading took {x:.2f} GiB for {{literal}} on {name}"
     assert catalogue.instance_of(template, "Loading took 1.50 GiB for {literal} on rank 0")
     assert not catalogue.instance_of(template, "Loading took 1.50 GiB for literal on rank 0")
-    assert not catalogue.instance_of(template, "Loading took 1.50 GiB for {literal} on")  # nothing after
+    assert not catalogue.instance_of(
+        template, "Loading took 1.50 GiB for {literal} on"
+    )  # nothing after
 
 
 def test_rendered_samples_follow_format_specs() -> None:
     message = catalogue.Message(
-        "need {n:.2f} GiB, have {k:d} blocks, model {m!r}", "raise", "ValueError", "f.py", 1, "0.1", "0.1"
+        "need {n:.2f} GiB, have {k:d} blocks, model {m!r}",
+        "raise",
+        "ValueError",
+        "f.py",
+        1,
+        "0.1",
+        "0.1",
     )
     texts = catalogue.samples(message)
     assert "need 1.00 GiB, have 1 blocks, model '1'" in texts
@@ -164,7 +176,10 @@ remedy = "r"
         ("[1]", "vllm_source[0]: must be a template or a {template, example} table"),
         ('[""]', "vllm_source[0]: must be a template or a {template, example} table"),
         ('[{ example = "boom" }]', "vllm_source[0].template: must be a non-empty string"),
-        ('[{ template = "boom", example = "" }]', "vllm_source[0].example: must be a non-empty string"),
+        (
+            '[{ template = "boom", example = "" }]',
+            "vllm_source[0].example: must be a non-empty string",
+        ),
         ('[{ template = "boom", line = 3 }]', "vllm_source[0].line: unknown key"),
     ],
 )

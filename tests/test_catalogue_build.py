@@ -20,7 +20,9 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 def scripts() -> tuple[ModuleType, ModuleType]:
     sys.path.insert(0, str(SCRIPTS))
     try:
-        return importlib.import_module("message_templates"), importlib.import_module("vllm_catalogue")
+        return importlib.import_module("message_templates"), importlib.import_module(
+            "vllm_catalogue"
+        )
     finally:
         sys.path.remove(str(SCRIPTS))
 
@@ -31,7 +33,7 @@ def _templates(mt: ModuleType, source: str) -> list[tuple[str, str, str]]:
 
 def test_call_forms_become_templates(scripts: tuple[ModuleType, ModuleType]) -> None:
     mt, _ = scripts
-    source = '''
+    source = """
 import logging
 logger = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ def load(n):
         )
         combined = f"{msg} (original error: {e})"
         logger.error(combined)
-'''
+"""
     assert _templates(mt, source) == [
         (
             "({need:.2f} GiB KV cache is needed, which is larger than the available KV cache "
@@ -72,7 +74,11 @@ def load(n):
             "raise",
             "ValueError",
         ),
-        ("max seq len ({cfg.max_model_len:d}) is larger than the KV cache ({n})", "raise", "RuntimeError"),
+        (
+            "max seq len ({cfg.max_model_len:d}) is larger than the KV cache ({n})",
+            "raise",
+            "RuntimeError",
+        ),
         # logging %-formats only with arguments: without them the log prints `50%%` as written.
         ("cap of roughly 50%% of RAM", "log", "warning"),
         ("Loading took {x:.2f} GiB on {name}", "log", "info"),
@@ -96,15 +102,17 @@ def test_unreadable_source_gives_nothing(scripts: tuple[ModuleType, ModuleType])
     assert mt.extract("raise ValueError(make_message())\nlogger.info(build())\n") == []
 
 
-KV_OLD = '''
+KV_OLD = """
 def check(n, max_model_len):
     if n == 0:
         raise ValueError("No available memory for the cache blocks.")
     raise ValueError(f"The model's max seq len ({max_model_len}) is larger than KV cache ({n}).")
-'''
+"""
 KV_NEW = KV_OLD.replace("The model's", "The models's")
 MODEL = 'raise ValueError("a model definition, never read")\n'
-RUNNER = 'import logging\nlogger = logging.getLogger(__name__)\nlogger.info("Using V2 Model Runner")\n'
+RUNNER = (
+    'import logging\nlogger = logging.getLogger(__name__)\nlogger.info("Using V2 Model Runner")\n'
+)
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:
@@ -117,7 +125,10 @@ def _tree(root: Path, files: dict[str, str]) -> None:
 def _fixture(tmp_path: Path) -> tuple[Path, Path]:
     """0.1.0 and 0.2.0 as extracted trees, 0.10.0 as a wheel (so version order is not text order)."""
     src, wheels = tmp_path / "src", tmp_path / "wheels"
-    _tree(src / "0.1.0", {"vllm/worker/worker.py": KV_OLD, "vllm/model_executor/models/llama.py": MODEL})
+    _tree(
+        src / "0.1.0",
+        {"vllm/worker/worker.py": KV_OLD, "vllm/model_executor/models/llama.py": MODEL},
+    )
     _tree(src / "0.2.0", {"vllm/worker/worker.py": KV_NEW, "vllm/v1/worker/gpu_worker.py": RUNNER})
     wheels.mkdir()
     with zipfile.ZipFile(wheels / "vllm-0.10.0-cp38-abi3-manylinux1_x86_64.whl", "w") as zf:
@@ -128,7 +139,14 @@ def _fixture(tmp_path: Path) -> tuple[Path, Path]:
     return src, wheels
 
 
-def _build(vc: ModuleType, src: Path, wheels: Path, out: Path, *extra: str, versions: tuple[str, ...] = ("0.1.0", "0.2.0", "0.10.0")) -> int:
+def _build(
+    vc: ModuleType,
+    src: Path,
+    wheels: Path,
+    out: Path,
+    *extra: str,
+    versions: tuple[str, ...] = ("0.1.0", "0.2.0", "0.10.0"),
+) -> int:
     argv = ["build", "--versions", *versions, "--src-dir", str(src), "--wheel-dir", str(wheels)]
     return int(vc.main([*argv, "--out", str(out), *extra]))
 
@@ -143,9 +161,16 @@ def test_build_records_first_last_and_missing_releases(
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["versions"] == ["0.1.0", "0.2.0", "0.10.0"]
     assert doc["count"] == len(doc["messages"])
-    got = {(m["template"], m["file"]): (m["first"], m["last"], m.get("missing")) for m in doc["messages"]}
+    got = {
+        (m["template"], m["file"]): (m["first"], m["last"], m.get("missing"))
+        for m in doc["messages"]
+    }
     assert got == {
-        ("No available memory for the cache blocks.", "vllm/worker/worker.py"): ("0.1.0", "0.10.0", None),
+        ("No available memory for the cache blocks.", "vllm/worker/worker.py"): (
+            "0.1.0",
+            "0.10.0",
+            None,
+        ),
         (
             "The model's max seq len ({max_model_len}) is larger than KV cache ({n}).",
             "vllm/worker/worker.py",
@@ -157,7 +182,9 @@ def test_build_records_first_last_and_missing_releases(
         ("Using V2 Model Runner", "vllm/v1/worker/gpu_worker.py"): ("0.2.0", "0.10.0", None),
     }
     # The wheel was unpacked (only its .py files, nothing outside the tree) and deleted.
-    assert sorted(p.relative_to(src).as_posix() for p in (src / "0.10.0").rglob("*") if p.is_file()) == [
+    assert sorted(
+        p.relative_to(src).as_posix() for p in (src / "0.10.0").rglob("*") if p.is_file()
+    ) == [
         "0.10.0/vllm/v1/worker/gpu_worker.py",
         "0.10.0/vllm/worker/worker.py",
     ]
@@ -199,14 +226,49 @@ def test_build_skips_a_release_it_cannot_read(
 
 def _doc(tmp_path: Path) -> Path:
     messages = [
-        {"template": "No available memory for the cache blocks.", "kind": "raise", "type": "ValueError", "file": "vllm/worker/worker.py", "line": 4, "first": "0.4.0", "last": "0.10.2"},
-        {"template": "No available memory for the cache blocks.", "kind": "raise", "type": "ValueError", "file": "vllm/v1/core/kv_cache_utils.py", "line": 9, "first": "0.7.0", "last": "0.33.0"},
-        {"template": "Total CPU offloaded parameters: {n}", "kind": "log", "type": "info", "file": "vllm/model_executor/offloader/uva.py", "line": 68, "first": "0.17.0", "last": "0.33.0"},
-        {"template": "Unknown offload mode: {mode}", "kind": "raise", "type": "ValueError", "file": "vllm/model_executor/offloader/prefetch.py", "line": 5, "first": "0.17.0", "last": "0.20.0", "missing": ["0.18.0"]},
+        {
+            "template": "No available memory for the cache blocks.",
+            "kind": "raise",
+            "type": "ValueError",
+            "file": "vllm/worker/worker.py",
+            "line": 4,
+            "first": "0.4.0",
+            "last": "0.10.2",
+        },
+        {
+            "template": "No available memory for the cache blocks.",
+            "kind": "raise",
+            "type": "ValueError",
+            "file": "vllm/v1/core/kv_cache_utils.py",
+            "line": 9,
+            "first": "0.7.0",
+            "last": "0.33.0",
+        },
+        {
+            "template": "Total CPU offloaded parameters: {n}",
+            "kind": "log",
+            "type": "info",
+            "file": "vllm/model_executor/offloader/uva.py",
+            "line": 68,
+            "first": "0.17.0",
+            "last": "0.33.0",
+        },
+        {
+            "template": "Unknown offload mode: {mode}",
+            "kind": "raise",
+            "type": "ValueError",
+            "file": "vllm/model_executor/offloader/prefetch.py",
+            "line": 5,
+            "first": "0.17.0",
+            "last": "0.20.0",
+            "missing": ["0.18.0"],
+        },
     ]
     versions = ["0.4.0", "0.7.0", "0.10.2", "0.17.0", "0.18.0", "0.20.0", "0.33.0"]
     path = tmp_path / "doc.json"
-    path.write_text(json.dumps({"versions": versions, "count": len(messages), "messages": messages}))
+    path.write_text(
+        json.dumps({"versions": versions, "count": len(messages), "messages": messages})
+    )
     return path
 
 
@@ -224,14 +286,32 @@ def test_query_filters_and_groups(
         "Unknown offload mode: {mode}",
         "    raise ValueError  vllm/model_executor/offloader/prefetch.py:5  0.17.0–0.20.0 (not in 0.18.0)",
     ]
-    assert vc.main(["query", "--data", str(data), "--category", "oom_kv_cache", "--until", "0.8.0"]) == 0
+    assert (
+        vc.main(["query", "--data", str(data), "--category", "oom_kv_cache", "--until", "0.8.0"])
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "No available memory for the cache blocks.",
         "    raise ValueError  vllm/v1/core/kv_cache_utils.py:9  0.7.0–0.33.0",
         "    raise ValueError  vllm/worker/worker.py:4  0.4.0–0.10.2",
     ]
-    assert vc.main(["query", "--data", str(data), "--grep", "cache blocks", "--since", "0.11.0", "--format", "json"]) == 0
+    assert (
+        vc.main(
+            [
+                "query",
+                "--data",
+                str(data),
+                "--grep",
+                "cache blocks",
+                "--since",
+                "0.11.0",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     [group] = json.loads(capsys.readouterr().out)
     assert [e["file"] for e in group["entries"]] == ["vllm/v1/core/kv_cache_utils.py"]
     assert vc.main(["query", "--data", str(data), "--kind", "log", "--grep", "cache"]) == 1

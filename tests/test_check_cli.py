@@ -19,10 +19,10 @@ from vllm_offload_doctor.checks import Options, Status, run_checks
 from vllm_offload_doctor.checks.context import GIB
 from vllm_offload_doctor.checks.render import RENDERERS, render
 from vllm_offload_doctor.cli import main
-from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.machine import probes
 from vllm_offload_doctor.machine.ports import PortState
 from vllm_offload_doctor.machine.probes import GpuProcess
+from vllm_offload_doctor.output.formats import OutputFormat
 
 ROOT = Path(__file__).resolve().parent.parent
 STATUSES = {s.value for s in Status}

@@ -15,7 +15,6 @@ from vllm_offload_doctor.checks.env import env_effect
 from vllm_offload_doctor.checks.platform import kernel_tuple
 from vllm_offload_doctor.checks.render import render
 from vllm_offload_doctor.errors import ProbeError
-from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.links import DOCTOR_ISSUES
 from vllm_offload_doctor.machine.fit import model_shape
 from vllm_offload_doctor.machine.modelsize import ModelNotFoundError, ModelSize
@@ -28,6 +27,7 @@ from vllm_offload_doctor.machine.probes import (
     NvmlInfo,
     PlatformInfo,
 )
+from vllm_offload_doctor.output.formats import OutputFormat
 
 LINUX = PlatformInfo("Linux", "6.8.0-45-generic", "x86_64", vllm_sees_wsl=False)
 WSL2 = PlatformInfo(
@@ -186,7 +186,10 @@ def test_a_crashing_check_is_a_bug_with_the_report_link_not_a_skip() -> None:
     results = {c.id: c for c in report.checks}
     bug = results["nvml"]
     assert bug.status is Status.BUG
-    assert "RuntimeError: nvml probe exploded" in bug.message and "bug of offload-doctor" in bug.message
+    assert (
+        "RuntimeError: nvml probe exploded" in bug.message
+        and "bug of offload-doctor" in bug.message
+    )
     assert bug.links == (DOCTOR_ISSUES,) and DOCTOR_ISSUES in bug.remedy
     assert bug.details and bug.details[0].startswith("raised at test_checks.py:")
     assert results["os"].status is Status.OK

@@ -19,10 +19,10 @@ from vllm_offload_doctor.analyze.cli import FORMATS, analyze
 from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
 from vllm_offload_doctor.analyze.rules import load_rules
 from vllm_offload_doctor.cli import cli
-from vllm_offload_doctor.color import paint, use_color
 from vllm_offload_doctor.errors import RuleFileError
-from vllm_offload_doctor.formats import ELLIPSIS, OutputFormat, shorten
 from vllm_offload_doctor.machine import probes
+from vllm_offload_doctor.output.color import paint, use_color
+from vllm_offload_doctor.output.formats import ELLIPSIS, OutputFormat, shorten
 
 ROOT = Path(__file__).resolve().parent.parent
 IGNORED_LOG = ROOT / "fixtures/logs/offload-ignored-v2-0.25.1.log"
@@ -153,9 +153,7 @@ def invoke_compare(
         monkeypatch.delenv(name, raising=False)
     for name, value in (env or {}).items():
         monkeypatch.setenv(name, value)
-    return invoke(
-        "compare", "--vllm-cmd", sys.executable, "--out", str(tmp_path / "run"), *args
-    )
+    return invoke("compare", "--vllm-cmd", sys.executable, "--out", str(tmp_path / "run"), *args)
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "markdown"])

@@ -30,7 +30,9 @@ def test_every_option_has_help_and_the_command_has_examples(name: str) -> None:
     out = CliRunner().invoke(cli, [name, "--help"]).output
     assert "Examples:" in out
     examples = out.split("Examples:")[1].splitlines()[1:]
-    assert any(line.strip().startswith("offload-doctor ") or "offload-doctor" in line for line in examples)
+    assert any(
+        line.strip().startswith("offload-doctor ") or "offload-doctor" in line for line in examples
+    )
 
 
 def test_commands_are_listed_in_workflow_order_with_whole_summaries() -> None:

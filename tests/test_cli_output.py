@@ -271,7 +271,9 @@ def test_an_error_in_json_mode_replaces_the_output_file(
 
 
 @pytest.mark.parametrize("fmt", ["json", "markdown"])
-def test_check_list_answers_in_the_format_asked(capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+def test_check_list_answers_in_the_format_asked(
+    capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
     from vllm_offload_doctor.checks import all_checks
 
     code, out, _ = run(capsys, "check", "--list", "--format", fmt)

@@ -40,7 +40,9 @@ def test_output_file_on_a_full_disk(monkeypatch, capsys, tmp_path):
 
 def test_a_full_disk_in_json_mode_is_a_json_error(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(common_cli, "write_atomically", _full)
-    code, out, _ = run(capsys, "analyze", str(LOG), "--format", "json", "-o", str(tmp_path / "r.json"))
+    code, out, _ = run(
+        capsys, "analyze", str(LOG), "--format", "json", "-o", str(tmp_path / "r.json")
+    )
     doc = json.loads(out[out.rindex('{\n  "schema_version"') :])  # after the text view beside -o
     assert code == doc["exit_code"] == exitcodes.USAGE
     assert doc["error"]["kind"] == "disk_full"
@@ -72,7 +74,12 @@ def test_compare_on_a_full_disk_stops_its_servers_and_keeps_the_report(tmp_path)
     out = tmp_path / "run"
     try:
         proc = subprocess.run(
-            _argv(out, free_port()), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+            _argv(out, free_port()),
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     finally:
         leftovers = kill_marked(marker)

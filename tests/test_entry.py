@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from vllm_offload_doctor import entry
+from vllm_offload_doctor import __main__ as entry
 from vllm_offload_doctor.cli import cli
 
 
@@ -24,11 +24,13 @@ def test_fast_version_is_clicks_line(flag, monkeypatch, capsys):
 def test_fast_version_loads_neither_click_nor_a_command():
     code = (
         "import sys; sys.argv = ['offload-doctor', '--version']\n"
-        "from vllm_offload_doctor.entry import main; main()\n"
+        "from vllm_offload_doctor.__main__ import main; main()\n"
         "loaded = [m for m in ('click', 'vllm_offload_doctor.cli', 'regex', 're2') if m in sys.modules]\n"
         "print(loaded)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.splitlines()[-1] == "[]"
 
 

@@ -131,7 +131,9 @@ def test_a_wrapper_quoting_its_exception_is_no_silent_death() -> None:
 
 
 def test_a_platform_line_is_vllm() -> None:
-    a = analyze_lines(["INFO 12-01 10:00:00 [__init__.py:239] Automatically detected platform cuda."])
+    a = analyze_lines(
+        ["INFO 12-01 10:00:00 [__init__.py:239] Automatically detected platform cuda."]
+    )
     assert "does not look like a vLLM" not in a.verdict.summary
 
 
@@ -142,5 +144,7 @@ def test_old_prefix_and_tool_parser_request_errors_stay_healthy() -> None:
         "(APIServer pid=1) ERROR 11-30 10:02:11 [hermes_tool_parser.py:120] Error in extracting tool call",
     ):
         assert analyze_lines([*up, line]).verdict.category is Category.HEALTHY
-    dead = "(APIServer pid=1) ERROR 11-30 10:02:11 [async_llm.py:480] AsyncLLM output_handler failed."
+    dead = (
+        "(APIServer pid=1) ERROR 11-30 10:02:11 [async_llm.py:480] AsyncLLM output_handler failed."
+    )
     assert analyze_lines([*up, dead]).verdict.category is Category.UNKNOWN

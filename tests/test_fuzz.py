@@ -78,8 +78,17 @@ def test_arbitrary_bytes(data: bytes) -> None:
 
 @FUZZ
 @given(
-    st.sampled_from([logread.GZIP_MAGIC, logread.BZ2_MAGIC + b"9", logread.XZ_MAGIC,
-                     b"\xff\xfe", b"\xfe\xff", b"\xef\xbb\xbf", b"\x00\x00"]),
+    st.sampled_from(
+        [
+            logread.GZIP_MAGIC,
+            logread.BZ2_MAGIC + b"9",
+            logread.XZ_MAGIC,
+            b"\xff\xfe",
+            b"\xfe\xff",
+            b"\xef\xbb\xbf",
+            b"\x00\x00",
+        ]
+    ),
     st.binary(max_size=2048),
 )
 def test_arbitrary_bytes_behind_a_magic_or_bom(magic: bytes, data: bytes) -> None:
@@ -93,11 +102,31 @@ def test_arbitrary_text_lines(lines: list[str]) -> None:
 
 
 LOG_ALPHABET = st.sampled_from(
-    [*"()[]{}:|=-_.,'\" \t\r\x1b^M0123456789",
-     "INFO ", "ERROR ", "WARNING ", "pid=", "11-24 14:37:21 ", "x.py:1] ", "Traceback ",
-       "File \"", "GiB", "KV cache", "CUDA out of memory", "Error", "(APIServer pid=1) ",
-       "[repeated 3x across cluster]", "INFO:     ", "cpu_offload_gb", "--cpu-offload-gb ",
-       "│", "</font>", "&gt;", "hf_", "sk-"]
+    [
+        *"()[]{}:|=-_.,'\" \t\r\x1b^M0123456789",
+        "INFO ",
+        "ERROR ",
+        "WARNING ",
+        "pid=",
+        "11-24 14:37:21 ",
+        "x.py:1] ",
+        "Traceback ",
+        'File "',
+        "GiB",
+        "KV cache",
+        "CUDA out of memory",
+        "Error",
+        "(APIServer pid=1) ",
+        "[repeated 3x across cluster]",
+        "INFO:     ",
+        "cpu_offload_gb",
+        "--cpu-offload-gb ",
+        "│",
+        "</font>",
+        "&gt;",
+        "hf_",
+        "sk-",
+    ]
 )
 
 
@@ -172,7 +201,9 @@ PATHOLOGICAL = [
 def _cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_offload_doctor", "analyze", *args, str(path)],
-        capture_output=True, text=True, timeout=HANG_GUARD_S,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode in (0, 1, 2), proc.stderr[-2000:]
@@ -195,8 +226,11 @@ def test_pathological_lines_finish(tmp_path: Path) -> None:
         "    e.analyze_lines([line]).to_dict()\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], input=json.dumps(PATHOLOGICAL),
-        capture_output=True, text=True, timeout=HANG_GUARD_S,
+        [sys.executable, "-c", code, str(tmp_path)],
+        input=json.dumps(PATHOLOGICAL),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -214,8 +248,23 @@ OOM_TAIL = (
 )
 FRAGMENTS = st.one_of(
     LOG_ALPHABET,
-    st.sampled_from(["token=", "'api_key': ['", "Authorization: Bearer ", "https://u:", "@h/",
-                     "-----BEGIN PRIVATE KEY-----", "eyJ", "AKIA", "=", "'", "\"", "[", " "]),
+    st.sampled_from(
+        [
+            "token=",
+            "'api_key': ['",
+            "Authorization: Bearer ",
+            "https://u:",
+            "@h/",
+            "-----BEGIN PRIVATE KEY-----",
+            "eyJ",
+            "AKIA",
+            "=",
+            "'",
+            '"',
+            "[",
+            " ",
+        ]
+    ),
     st.builds(planted_line, st.sampled_from(sorted(SECRETS)), st.sampled_from(PLACES)),
 )
 
@@ -225,8 +274,15 @@ def long_line(draw: st.DrawFn) -> str:
     """A line of 256-300 KB: a few fragments repeated, between a log prefix and a tail."""
     unit = "".join(draw(st.lists(FRAGMENTS, min_size=1, max_size=6)))
     size = draw(st.integers(256_000, 300_000))
-    prefix = draw(st.sampled_from(["", "(APIServer pid=7) ERROR 11-29 15:14:30 [x.py:1] ",
-                                   "INFO 11-29 15:14:30 [utils.py:253] non-default args: {"]))
+    prefix = draw(
+        st.sampled_from(
+            [
+                "",
+                "(APIServer pid=7) ERROR 11-29 15:14:30 [x.py:1] ",
+                "INFO 11-29 15:14:30 [utils.py:253] non-default args: {",
+            ]
+        )
+    )
     body = (unit * (size // max(1, len(unit)) + 1))[:size]
     return prefix + body
 
@@ -267,14 +323,18 @@ def log_with_secrets(draw: st.DrawFn) -> str:
         if shape == "error":
             lines.append(f"{ERR} 401 Client Error: Unauthorized for url: {secret}")
         elif shape == "args":
-            lines.append(f"(APIServer pid=7) INFO 11-29 15:14:20 [utils.py:253] non-default args: "
-                         f"{{'model': 'Qwen/Qwen3-8B', 'cpu_offload_gb': 4.0, 'x': {secret}}}")
+            lines.append(
+                f"(APIServer pid=7) INFO 11-29 15:14:20 [utils.py:253] non-default args: "
+                f"{{'model': 'Qwen/Qwen3-8B', 'cpu_offload_gb': 4.0, 'x': {secret}}}"
+            )
         elif shape == "auth":
             lines.append(f"{ERR} requests.exceptions.HTTPError: 401 Client Error: {secret}")
         else:
-            lines += ["Traceback (most recent call last):",
-                      f'  File "/srv/app.py", line 3, in main  # {secret}',
-                      f"OSError: 401 Unauthorized: {secret}"]
+            lines += [
+                "Traceback (most recent call last):",
+                f'  File "/srv/app.py", line 3, in main  # {secret}',
+                f"OSError: 401 Unauthorized: {secret}",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -290,14 +350,24 @@ def test_planted_secrets_never_reach_any_format(log: str, crlf: bool) -> None:
     raw = shown.json([a], []) + shown.text(a)
     assert leaks(raw) or redact.MASK in raw, "no planted secret reached the output"
     for renderer in (Renderer(), Renderer(hosts=True, home=True)):
-        for out in (renderer.json([a], []), renderer.jsonl_line(a), renderer.text(a),
-                    renderer.markdown(a), renderer.triage_table([a, a], [], markdown=True)):
+        for out in (
+            renderer.json([a], []),
+            renderer.jsonl_line(a),
+            renderer.text(a),
+            renderer.markdown(a),
+            renderer.triage_table([a, a], [], markdown=True),
+        ):
             assert_no_leak(out)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(planted(), st.lists(LOG_ALPHABET, max_size=8).map("".join)),
-                min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.one_of(planted(), st.lists(LOG_ALPHABET, max_size=8).map("".join)),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_scrub_api_never_leaks(pieces: list[str]) -> None:
     text = " ".join(pieces)
     assert_no_leak(redact.scrub_text(text), "scrub_text")
@@ -323,8 +393,9 @@ COLLECTORS = {
 
 
 def _seed_logs() -> list[tuple[str, list[str]]]:
-    logs = [(p.name, p.read_text(encoding="utf-8", errors="replace").splitlines())
-            for p in FIXTURE_LOGS]
+    logs = [
+        (p.name, p.read_text(encoding="utf-8", errors="replace").splitlines()) for p in FIXTURE_LOGS
+    ]
     logs += [(SEEDS[i], lines) for i, lines in enumerate(SEED_LINES)]
     return logs
 
@@ -333,21 +404,28 @@ SEED_LOGS = _seed_logs()
 
 
 def _outcome(a: Analysis) -> tuple[str, str, tuple[str, ...]]:
-    return (a.verdict.category.value, a.offload.status.value,
-            tuple(sorted(f.rule_id for f in a.findings)))
+    return (
+        a.verdict.category.value,
+        a.offload.status.value,
+        tuple(sorted(f.rule_id for f in a.findings)),
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(range(len(SEED_LOGS))),
-       st.lists(st.sampled_from(sorted(COLLECTORS)), min_size=1, max_size=2),
-       st.sampled_from(["\n", "\r\n", "mixed"]))
-def test_verdict_stable_under_collector_prefix_and_crlf(seed: int, collectors: list[str],
-                                                         ends: str) -> None:
+@given(
+    st.sampled_from(range(len(SEED_LOGS))),
+    st.lists(st.sampled_from(sorted(COLLECTORS)), min_size=1, max_size=2),
+    st.sampled_from(["\n", "\r\n", "mixed"]),
+)
+def test_verdict_stable_under_collector_prefix_and_crlf(
+    seed: int, collectors: list[str], ends: str
+) -> None:
     # Collectors stack (kubectl timestamps over compose); CRLF on every line or every other.
     name, lines = SEED_LOGS[seed]
     plain = ENGINE.analyze_lines([line + "\n" for line in lines], name=name)
     changed = "".join(
-        "".join(COLLECTORS[c](i) for c in collectors) + line
+        "".join(COLLECTORS[c](i) for c in collectors)
+        + line
         + (("\r\n" if i % 2 else "\n") if ends == "mixed" else ends)
         for i, line in enumerate(lines)
     ).encode()

@@ -32,8 +32,9 @@ capacity of 23.64 GiB of which 25.06 MiB is free.
 """
 
 
-def run(*args: str, stdin: bytes | None = None, cwd: Path | None = None,
-        timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+def run(
+    *args: str, stdin: bytes | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "OFFLOAD_DOCTOR_DEBUG"}
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_offload_doctor", "analyze", *args],
@@ -213,7 +214,9 @@ def test_gzip_without_gz_suffix_is_read(tmp_path: Path, oom: Path) -> None:
 def test_truncated_gzip_gives_verdict_and_note_or_one_line_error(
     tmp_path: Path, oom: Path, keep: float
 ) -> None:
-    body = "\n".join(f"INFO 11-24 14:37:{i % 60:02d} llm_engine.py:1] step {i}" for i in range(3000))
+    body = "\n".join(
+        f"INFO 11-24 14:37:{i % 60:02d} llm_engine.py:1] step {i}" for i in range(3000)
+    )
     packed = gzip.compress((body + "\n" + OOM_LOG).encode())
     cut = tmp_path / "cut.log.gz"
     cut.write_bytes(packed[: int(len(packed) * keep)])
@@ -312,9 +315,12 @@ def _caret_ansi(lines: list[str]) -> str:
 
 
 def _ray_repeat(lines: list[str]) -> str:
-    return "\n".join(
-        f"{line} [repeated 30x across cluster]" if line.strip() else line for line in lines
-    ) + "\n"
+    return (
+        "\n".join(
+            f"{line} [repeated 30x across cluster]" if line.strip() else line for line in lines
+        )
+        + "\n"
+    )
 
 
 def _prefix(prefix: str):  # type: ignore[no-untyped-def]
@@ -354,8 +360,10 @@ def test_collector_and_terminal_noise_keep_the_category(
     assert "^[[" not in proc.stdout.decode()
 
 
-@pytest.mark.parametrize("name", ["A-002.log", "A-012.log", "B-005.log", "B-021.log",
-                                  "H-001.log", "H-002.log", "H-013.log"])
+@pytest.mark.parametrize(
+    "name",
+    ["A-002.log", "A-012.log", "B-005.log", "B-021.log", "H-001.log", "H-002.log", "H-013.log"],
+)
 def test_paste_with_line_breaks_lost(tmp_path: Path, name: str) -> None:
     proc = transformed(name, _joined, tmp_path)
     assert category(proc) == expected(name)

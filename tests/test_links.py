@@ -15,7 +15,9 @@ PENDING: set[str] = set()
 
 
 def _urls(path: Path) -> list[str]:
-    return [u for u in URL.findall(path.read_text()) if "{" not in u and "\\" not in u and "@" not in u]
+    return [
+        u for u in URL.findall(path.read_text()) if "{" not in u and "\\" not in u and "@" not in u
+    ]
 
 
 def test_links_in_more_than_one_rule_are_the_shared_ones() -> None:

@@ -53,11 +53,21 @@ def _broken_maps(tmp_path, old: str, new: str, name: str = "exceptions.toml"):  
 @pytest.mark.parametrize(
     ("old", "new", "name", "key"),
     [
-        ('[deaths]\n', '[deaths]\nquiet = ["x"]\n', "exceptions.toml", "deaths.quiet"),
+        ("[deaths]\n", '[deaths]\nquiet = ["x"]\n', "exceptions.toml", "deaths.quiet"),
         ('category = "model_download"', 'category = "oom_kv_cache"', "exceptions.toml", "category"),
-        ('fire = ["modelscope.hub.errors.NotExistError', 'fire = ["modelscope.hub.NotExist', "exceptions.toml", "fire"),
+        (
+            'fire = ["modelscope.hub.errors.NotExistError',
+            'fire = ["modelscope.hub.NotExist',
+            "exceptions.toml",
+            "fire",
+        ),
         ('id = "offloader"', 'id = "offloader"\nspeed = 1', "frames.toml", "speed"),
-        ('raises = ["vllm/engine/arg_utils.py"]', 'raises = "vllm/engine/arg_utils.py"', "frames.toml", "raises"),
+        (
+            'raises = ["vllm/engine/arg_utils.py"]',
+            'raises = "vllm/engine/arg_utils.py"',
+            "frames.toml",
+            "raises",
+        ),
     ],
 )
 def test_broken_map_names_file_and_key(tmp_path, old: str, new: str, name: str, key: str) -> None:  # type: ignore[no-untyped-def]

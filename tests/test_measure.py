@@ -215,6 +215,7 @@ def test_gpu_snapshot_reads_nvml_through_the_check_reader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from vllm_offload_doctor.machine import probes
+
     calls = []
 
     def reader() -> probes.NvmlInfo:

@@ -25,7 +25,10 @@ def test_rendering_without_facts_leaves_no_placeholder(rule) -> None:  # type: i
 
 def test_segment_kept_only_with_all_its_fields() -> None:
     template = "listens on the address[[ ({host}:{port})]]; try check[[ --port {port}]]."
-    assert render_message(template, {"port": "8000"}, {}) == "listens on the address; try check --port 8000."
+    assert (
+        render_message(template, {"port": "8000"}, {})
+        == "listens on the address; try check --port 8000."
+    )
     assert (
         render_message(template, {"host": "0.0.0.0", "port": "8000"}, {})
         == "listens on the address (0.0.0.0:8000); try check --port 8000."

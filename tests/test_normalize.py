@@ -36,9 +36,16 @@ def test_fractional_seconds_and_warn_alias() -> None:
         ("(APIServer pid=1) INFO 11-29 15:14:24 [api_utils.py:273] hello", "APIServer", 1),
         ("(EngineCore_DP0 pid=2) INFO 11-29 15:14:24 [core.py:1] hello", "EngineCore_DP0", 2),
         ("(Worker_TP1 pid=3) INFO 11-29 15:14:24 [worker.py:1] hello", "Worker_TP1", 3),
-        ("(RayWorkerWrapper pid=4, ip=10.0.0.1) INFO 11-29 15:14:24 [worker.py:1] hello",
-         "RayWorkerWrapper", 4),
-        ("(VllmWorker rank=0 pid=5) INFO 11-29 15:14:24 [worker.py:1] hello", "VllmWorker rank=0", 5),
+        (
+            "(RayWorkerWrapper pid=4, ip=10.0.0.1) INFO 11-29 15:14:24 [worker.py:1] hello",
+            "RayWorkerWrapper",
+            4,
+        ),
+        (
+            "(VllmWorker rank=0 pid=5) INFO 11-29 15:14:24 [worker.py:1] hello",
+            "VllmWorker rank=0",
+            5,
+        ),
         ("(VLLM::Worker pid=6) INFO 11-29 15:14:24 [worker.py:1] hello", "VLLM::Worker", 6),
     ],
 )
@@ -58,12 +65,22 @@ def test_process_prefix_on_raw_output() -> None:
     ("raw", "level", "msg"),
     [
         ("INFO:     Application startup complete.", "INFO", "Application startup complete."),
-        ("(APIServer pid=9) INFO:     Started server process [9]", "INFO", "Started server process [9]"),
-        ('INFO:     127.0.0.1:39398 - "POST /v1/chat/completions HTTP/1.1" 200 OK', "INFO",
-         '127.0.0.1:39398 - "POST /v1/chat/completions HTTP/1.1" 200 OK'),
-        ("ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8080): "
-         "address already in use", "ERROR",
-         "[Errno 98] error while attempting to bind on address ('0.0.0.0', 8080): address already in use"),
+        (
+            "(APIServer pid=9) INFO:     Started server process [9]",
+            "INFO",
+            "Started server process [9]",
+        ),
+        (
+            'INFO:     127.0.0.1:39398 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            "INFO",
+            '127.0.0.1:39398 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        ),
+        (
+            "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8080): "
+            "address already in use",
+            "ERROR",
+            "[Errno 98] error while attempting to bind on address ('0.0.0.0', 8080): address already in use",
+        ),
     ],
 )
 def test_uvicorn(raw: str, level: str, msg: str) -> None:
@@ -75,13 +92,22 @@ def test_uvicorn(raw: str, level: str, msg: str) -> None:
     ("raw", "msg"),
     [
         ("Traceback (most recent call last):", "Traceback (most recent call last):"),
-        ('  File "/x/vllm/worker/model_runner.py", line 1058, in load_model',
-         'File "/x/vllm/worker/model_runner.py", line 1058, in load_model'),
-        ("    self.model = get_model(vllm_config=self.vllm_config)",
-         "self.model = get_model(vllm_config=self.vllm_config)"),
-        ("torch.OutOfMemoryError: CUDA out of memory.", "torch.OutOfMemoryError: CUDA out of memory."),
-        ("ERROR 11-19 12:16:36 [core.py:842]   File \"/x/core.py\", line 1, in run",
-         'File "/x/core.py", line 1, in run'),
+        (
+            '  File "/x/vllm/worker/model_runner.py", line 1058, in load_model',
+            'File "/x/vllm/worker/model_runner.py", line 1058, in load_model',
+        ),
+        (
+            "    self.model = get_model(vllm_config=self.vllm_config)",
+            "self.model = get_model(vllm_config=self.vllm_config)",
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory.",
+            "torch.OutOfMemoryError: CUDA out of memory.",
+        ),
+        (
+            'ERROR 11-19 12:16:36 [core.py:842]   File "/x/core.py", line 1, in run',
+            'File "/x/core.py", line 1, in run',
+        ),
     ],
 )
 def test_traceback_lines(raw: str, msg: str) -> None:
@@ -97,7 +123,9 @@ def test_clean_real_ansi() -> None:
 
 
 def test_clean_caret_ansi() -> None:
-    assert clean("^[[31mERROR^[[0m 11-24 14:37:21 x.py:1] boom") == "ERROR 11-24 14:37:21 x.py:1] boom"
+    assert (
+        clean("^[[31mERROR^[[0m 11-24 14:37:21 x.py:1] boom") == "ERROR 11-24 14:37:21 x.py:1] boom"
+    )
 
 
 @pytest.mark.parametrize("raw", ["INFO:     ready\r", "INFO:     ready^M", "INFO:\r     ready"])
@@ -157,8 +185,11 @@ def test_outer_prefixes(prefix: str) -> None:
 
 
 def test_ray_repeat_suffix() -> None:
-    line = parse(1, "(RayWorkerWrapper pid=4, ip=10.0.0.1) ERROR 11-29 15:14:24 [w.py:1] NCCL error "
-                    "[repeated 30x across cluster]")
+    line = parse(
+        1,
+        "(RayWorkerWrapper pid=4, ip=10.0.0.1) ERROR 11-29 15:14:24 [w.py:1] NCCL error "
+        "[repeated 30x across cluster]",
+    )
     assert line.msg == "NCCL error"
 
 
@@ -233,21 +264,53 @@ def test_short_line_with_one_record_is_not_split() -> None:
 @pytest.mark.parametrize(
     ("raw", "proc", "level", "msg"),
     [
-        ("| INFO 07-01 10:00:00 [api_server.py:1000] vLLM API server version 0.10.1 |", None, "INFO", "vLLM API server version 0.10.1"),
-        ("| (EngineCore_DP0 pid=7) ERROR 07-01 10:00:03 [core.py:700] ValueError: bad |", "EngineCore_DP0", "ERROR", "ValueError: bad"),
-        ("| ValueError: the weight budget is out of range |", None, None, "ValueError: the weight budget is out of range"),
-        ('|   File "/x/vllm/config/model.py", line 3, in f |', None, None, 'File "/x/vllm/config/model.py", line 3, in f'),
-        ("| 2026-01-01T00:00:00Z (APIServer pid=3) INFO 05-01 10:00:00 [a.py:1] hi", "APIServer", "INFO", "hi"),
+        (
+            "| INFO 07-01 10:00:00 [api_server.py:1000] vLLM API server version 0.10.1 |",
+            None,
+            "INFO",
+            "vLLM API server version 0.10.1",
+        ),
+        (
+            "| (EngineCore_DP0 pid=7) ERROR 07-01 10:00:03 [core.py:700] ValueError: bad |",
+            "EngineCore_DP0",
+            "ERROR",
+            "ValueError: bad",
+        ),
+        (
+            "| ValueError: the weight budget is out of range |",
+            None,
+            None,
+            "ValueError: the weight budget is out of range",
+        ),
+        (
+            '|   File "/x/vllm/config/model.py", line 3, in f |',
+            None,
+            None,
+            'File "/x/vllm/config/model.py", line 3, in f',
+        ),
+        (
+            "| 2026-01-01T00:00:00Z (APIServer pid=3) INFO 05-01 10:00:00 [a.py:1] hi",
+            "APIServer",
+            "INFO",
+            "hi",
+        ),
     ],
 )
-def test_github_table_row_holding_a_log_line(raw: str, proc: str | None, level: str | None, msg: str) -> None:
+def test_github_table_row_holding_a_log_line(
+    raw: str, proc: str | None, level: str | None, msg: str
+) -> None:
     line = parse(1, raw)
     assert (line.proc, line.level, line.msg) == (proc, level, msg)
 
 
 @pytest.mark.parametrize(
     "raw",
-    ["| ✅ ok | Operating system | Linux 6.8.0 (x86_64) |", "|---|---|", "| Status | Check | Result |", "| " + " " * 5000 + "|"],
+    [
+        "| ✅ ok | Operating system | Linux 6.8.0 (x86_64) |",
+        "|---|---|",
+        "| Status | Check | Result |",
+        "| " + " " * 5000 + "|",
+    ],
 )
 def test_github_table_rows_of_other_content_stay(raw: str) -> None:
     assert parse(1, raw).msg == raw.strip()

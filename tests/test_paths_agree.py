@@ -20,7 +20,11 @@ from vllm_offload_doctor.analyze.patterns import declared, literal_matcher, span
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
 FIXTURE_LOGS = sorted(
-    [*ROOT.glob("fixtures/**/*.log"), *ROOT.glob("tests/pasted/*.log"), *ROOT.glob("tests/unseen/*.log")]
+    [
+        *ROOT.glob("fixtures/**/*.log"),
+        *ROOT.glob("tests/pasted/*.log"),
+        *ROOT.glob("tests/unseen/*.log"),
+    ]
 )
 CORPUS_LOGS = sorted(CORPUS.glob("*.log")) if CORPUS.is_dir() else []
 
@@ -36,7 +40,14 @@ def _summary(a: analyze.Analysis) -> dict[str, object]:
         "notable": [e.line for e in a.notable],
         # Each server start (runs.py) split at the same lines and judged alike on every path.
         "runs": [
-            (r.first_line, r.last_line, r.starts, r.verdict.category.value, r.verdict.rule_id, r.offload.status.value)
+            (
+                r.first_line,
+                r.last_line,
+                r.starts,
+                r.verdict.category.value,
+                r.verdict.rule_id,
+                r.offload.status.value,
+            )
             for r in a.runs
         ],
     }
@@ -149,7 +160,9 @@ def test_a_long_crash_loop_keeps_the_verdict_of_one_restart(
     _full_and_replayed(lines, monkeypatch)
 
 
-def test_a_flood_of_matching_lines_keeps_the_per_line_state_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flood_of_matching_lines_keeps_the_per_line_state_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # With replay off every line is fed in full: the rules a line matched are that line's alone.
     from vllm_offload_doctor.analyze.engine import Engine, _State
 

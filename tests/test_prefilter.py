@@ -54,6 +54,8 @@ def test_serving_stats_lines_are_not_candidates() -> None:
     # A stats line proves the engine ran requests (readiness): a candidate only until then.
     assert engine._prefilter.search(stats) is not None
     assert engine._prefilter_served.search(stats) is None
-    access = b'(APIServer pid=1) INFO:     127.0.0.1:39388 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    access = (
+        b'(APIServer pid=1) INFO:     127.0.0.1:39388 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    )
     assert engine._prefilter.search(access) is not None  # until the first served request
     assert engine._prefilter_served.search(access) is None

@@ -65,7 +65,9 @@ def _sampled() -> list[tuple[str, catalogue.Message]]:
     return [(prefixes[i % len(prefixes)], m) for i, m in enumerate(msgs[::25])]
 
 
-@pytest.mark.parametrize(("prefix", "message"), _sampled(), ids=lambda x: x if isinstance(x, str) else x.where())
+@pytest.mark.parametrize(
+    ("prefix", "message"), _sampled(), ids=lambda x: x if isinstance(x, str) else x.where()
+)
 def test_catalogued_config_message_gives_bad_args(prefix: str, message: catalogue.Message) -> None:
     exc = _bare(message)
     a = analyze_lines(_log(prefix, exc, message.last))
@@ -153,7 +155,9 @@ def test_failing_frame_decides_before_the_message() -> None:
 def test_ambiguous_template_is_dropped() -> None:
     # The same template raised by a config module and by one that lends nothing: no verdict.
     m = next(m for m in CAT.messages if m.template in {r.template for r in RAISES.raised})
-    twin = catalogue.Message(m.template, "raise", m.type, "vllm/v1/worker/gpu_worker.py", 1, m.first, m.last)
+    twin = catalogue.Message(
+        m.template, "raise", m.type, "vllm/v1/worker/gpu_worker.py", 1, m.first, m.last
+    )
     alone = build(builtin_knowledge(), catalogue.Catalogue(CAT.versions, "test", (m,)))
     both = build(builtin_knowledge(), catalogue.Catalogue(CAT.versions, "test", (m, twin)))
     text = catalogue.samples(m)[0].split("\n", 1)[0]
@@ -185,12 +189,17 @@ def test_without_re2_the_regex_fallback_agrees() -> None:
         m = catalogue.Message(r.template, "raise", r.type, r.file, 1, r.first, r.last)
         text = catalogue.samples(m)[0].split("\n", 1)[0]
         assert fallback.find(text) == RAISES.find(text), r.template
-    assert fallback.find("The widget registry could not be reconciled with the plugin list.") is None
+    assert (
+        fallback.find("The widget registry could not be reconciled with the plugin list.") is None
+    )
 
 
 def test_an_empty_catalogue_lends_nothing() -> None:
     empty = build(builtin_knowledge(), catalogue.Catalogue((), "none", ()))
-    assert empty.raised == () and empty.find("Chunked prefill is not supported with sliding window.") is None
+    assert (
+        empty.raised == ()
+        and empty.find("Chunked prefill is not supported with sliding window.") is None
+    )
 
 
 def test_after_readiness_a_config_message_lends_nothing() -> None:

@@ -33,7 +33,9 @@ def test_every_repo_path_the_docs_name_exists(doc: str) -> None:
 
 
 def test_readme_shows_compare_for_a_model_that_does_not_fit() -> None:
-    section = README.split("## `offload-doctor compare`", 1)[1].split("## `offload-doctor analyze", 1)[0]
+    section = README.split("## `offload-doctor compare`", 1)[1].split(
+        "## `offload-doctor analyze", 1
+    )[0]
     for words in ("needs offload", "--verify-fix", "`ignored`", "`effective`", "needs-offload"):
         assert words in section, words
     # the fake-vllm recipe uses scenarios the fake knows
@@ -201,14 +203,18 @@ def test_help_exit_statuses_are_documented() -> None:
         command = cli.get_command(ctx, name)
         assert command is not None and command.help
         said = command.help.split("Exit", 1)[1].split("Examples:", 1)[0]
-        codes = {int(n) for n in re.findall(r"\b(\d{1,3})\b", said) if int(n) in (0, 1, 2, 3, 130, 143)}
+        codes = {
+            int(n) for n in re.findall(r"\b(\d{1,3})\b", said) if int(n) in (0, 1, 2, 3, 130, 143)
+        }
         assert codes and codes <= documented, name
 
 
 def test_the_first_command_exits_as_the_readme_says() -> None:
-    """"(exit 1 = a failure was diagnosed)": the shipped log's sample transcript ends in 1."""
+    """ "(exit 1 = a failure was diagnosed)": the shipped log's sample transcript ends in 1."""
     assert "(exit 1 = a failure was diagnosed)" in README
-    sample = README.split("<!-- output: run analyze fixtures/logs/offload-ignored-v2-0.25.1.log -->")[1]
+    sample = README.split(
+        "<!-- output: run analyze fixtures/logs/offload-ignored-v2-0.25.1.log -->"
+    )[1]
     assert sample.split("<!-- /output -->")[0].rstrip().endswith("$ echo $?\n1\n```")
 
 

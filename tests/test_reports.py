@@ -26,7 +26,10 @@ def test_collect_env_gives_facts_and_no_verdict_of_its_own() -> None:
     a = _both(HERE / "collect-env-then-oom.log")
     f = a.facts
     assert (f.torch_version, f.gpu_name, f.driver_version, f.cuda_version) == (
-        "2.5.1+cu124", "NVIDIA L40S", "550.90.07", "12.4.131",
+        "2.5.1+cu124",
+        "NVIDIA L40S",
+        "550.90.07",
+        "12.4.131",
     )
     assert f.vllm_version == "0.6.6.post1"  # the log's own line
     assert f.cpu_offload_gb == 20.0  # from the `$ vllm serve` prompt line

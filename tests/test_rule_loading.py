@@ -22,7 +22,7 @@ from vllm_offload_doctor.errors import RuleFileError
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY_LOG = ROOT / "fixtures" / "logs" / "healthy-0.25.1.log"
 
-USER_RULE = '''\
+USER_RULE = """\
 id = "USR001"
 name = "sidecar-refused"
 title = "The auth sidecar refused the engine"
@@ -34,7 +34,7 @@ patterns = ['auth sidecar refused connection from (?P<host>\\S+)']
 message = "The company auth sidecar refused {host}."
 remedy = "Restart the sidecar."
 links = ["https://example.com/runbook"]
-'''
+"""
 
 USER_LOG = """\
 (APIServer pid=17) INFO 11-29 15:14:24 [api_utils.py:273] non-default args: {'model': 'Qwen3'}
@@ -196,7 +196,10 @@ def test_cli_analyze_bad_rules_dir_subprocess(tmp_path: Path) -> None:
     cmd = [exe] if exe else [sys.executable, "-m", "vllm_offload_doctor"]
     proc = subprocess.run(
         [*cmd, "analyze", "--rules", str(bad), str(log)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""
@@ -272,7 +275,10 @@ def _analyze_with_rules(rules: Path, tmp_path: Path) -> subprocess.CompletedProc
     # timeout: a hang guard (a FIFO read would block forever), not a timing.
     return subprocess.run(
         [sys.executable, "-m", "vllm_offload_doctor", "analyze", "--rules", str(rules), str(log)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

@@ -44,9 +44,7 @@ def test_user_view_has_the_sections_and_no_author_syntax() -> None:
 def test_user_view_fits_80_columns_for_every_rule() -> None:
     for rule in load_rules():
         out = run("rules", rule.id)
-        wide = [
-            line for line in out.splitlines() if len(line) > 80 and " " in line.strip()[:78]
-        ]
+        wide = [line for line in out.splitlines() if len(line) > 80 and " " in line.strip()[:78]]
         assert not wide, (rule.id, wide)
         assert all(s in out for s in SECTIONS[:3]), rule.id
 

@@ -131,7 +131,9 @@ def test_command_lines_inside_pasted_compare_commands_start_nothing() -> None:
 
 def test_a_new_pid_after_the_start_died_splits_without_a_banner(tmp_path: Path) -> None:
     lines = OOM.splitlines(keepends=True)
-    body = b"".join(line for line in lines if b"non-default args" not in line and b"version" not in line)
+    body = b"".join(
+        line for line in lines if b"non-default args" not in line and b"version" not in line
+    )
     path = tmp_path / "restart.log"
     path.write_bytes(OOM + _restart(body, 1))
     a = analyze.analyze_file(path)
@@ -142,7 +144,9 @@ def test_a_new_pid_after_the_start_died_splits_without_a_banner(tmp_path: Path) 
 def test_a_new_pid_while_the_start_runs_is_no_new_start() -> None:
     log = (LOGS / "healthy-0.25.1.log").read_text().splitlines()
     up = log[: next(i for i, line in enumerate(log) if "Shutting down" in line)]
-    other = "(APIServer pid=1) INFO 11-29 15:20:00 [api_server.py:100] Supported tasks: ['generate']"
+    other = (
+        "(APIServer pid=1) INFO 11-29 15:20:00 [api_server.py:100] Supported tasks: ['generate']"
+    )
     a = analyze.analyze_lines([*up, other])
     assert len(a.runs) == 1 and a.verdict.category is Category.HEALTHY
 

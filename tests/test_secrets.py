@@ -60,9 +60,19 @@ def test_zero_leaks_over_a_batch_with_triage_table(log: Path, tmp_path: Path) ->
     other.write_text(secret_log())
     for fmt in FORMATS:
         proc = subprocess.run(
-            [sys.executable, "-m", "vllm_offload_doctor", "analyze", "--format", fmt,
-             str(log), str(other)],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "vllm_offload_doctor",
+                "analyze",
+                "--format",
+                fmt,
+                str(log),
+                str(other),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 1, proc.stderr
         assert_no_leak(proc.stdout + proc.stderr, f"batch --format {fmt}")
@@ -113,7 +123,9 @@ def test_pem_block_across_lines_is_masked_until_its_end() -> None:
     assert out[1] == "    13: ***" and out[2] == "    14: ***"
     assert out[4] == "    16: INFO Application startup complete."
     # A block cut short ends at the first line that is not key material.
-    cut = redact.scrub_text("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAAS\nINFO Ready")
+    cut = redact.scrub_text(
+        "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAAS\nINFO Ready"
+    )
     assert cut.splitlines()[1:] == ["***", "INFO Ready"]
 
 
@@ -178,20 +190,51 @@ def test_crafted_256kb_lines_finish_quietly() -> None:
         "    redact.scrub_text(line + '\\n' + line)\n"
         "    redact.scrub_text('-----BEGIN PRIVATE KEY-----\\n' + line)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(CRAFTED), text=True,
-                          capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(CRAFTED),
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""
 
 
 def test_scrub_argv_hides_every_value_of_a_multi_valued_api_key() -> None:
-    argv = ["vllm", "serve", "m", "--api-key", "k1-Zq8", "k2-Wv3", "--port", "8000",
-            "--hf-token", "hf-plain-value", "extra", "--token=abc123", "-e",
-            f"HF_ENDPOINT=https://u:{SECRETS['url_password']}@m.example"]
+    argv = [
+        "vllm",
+        "serve",
+        "m",
+        "--api-key",
+        "k1-Zq8",
+        "k2-Wv3",
+        "--port",
+        "8000",
+        "--hf-token",
+        "hf-plain-value",
+        "extra",
+        "--token=abc123",
+        "-e",
+        f"HF_ENDPOINT=https://u:{SECRETS['url_password']}@m.example",
+    ]
     out = redact.scrub_argv(argv)
-    assert out == ["vllm", "serve", "m", "--api-key", "***", "***", "--port", "8000",
-                   "--hf-token", "***", "extra", "--token=***", "-e",
-                   "HF_ENDPOINT=https://u:***@m.example"]
+    assert out == [
+        "vllm",
+        "serve",
+        "m",
+        "--api-key",
+        "***",
+        "***",
+        "--port",
+        "8000",
+        "--hf-token",
+        "***",
+        "extra",
+        "--token=***",
+        "-e",
+        "HF_ENDPOINT=https://u:***@m.example",
+    ]
 
 
 def test_scrub_file_in_place_keeps_mode_and_masks(tmp_path: Path) -> None:
@@ -249,9 +292,20 @@ def test_input_names_with_secrets_are_masked_in_errors(tmp_path: Path, fmt: str)
     bad = tmp_path / f"{SECRETS['github_classic']}.log"
     bad.write_bytes(b"")  # empty: an error naming the file
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_offload_doctor", "analyze", "--format", fmt,
-         str(missing), url, str(bad)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "vllm_offload_doctor",
+            "analyze",
+            "--format",
+            fmt,
+            str(missing),
+            url,
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.count("offload-doctor: error: ") == 3
@@ -259,10 +313,19 @@ def test_input_names_with_secrets_are_masked_in_errors(tmp_path: Path, fmt: str)
 
 
 def test_scrub_env_masks_terse_secret_names_and_keeps_the_rest() -> None:
-    env = {"AZURE_OPENAI_KEY": "a1", "SMTP_PASS": "p2", "GITLAB_PAT": "g3", "NGC_API_KEY": "n4",
-           "AWS_SESSION_TOKEN": "t5", "PWD": "/srv/app", "CUDA_VISIBLE_DEVICES": "0,1",
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_USE_V1": "1",
-           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env = {
+        "AZURE_OPENAI_KEY": "a1",
+        "SMTP_PASS": "p2",
+        "GITLAB_PAT": "g3",
+        "NGC_API_KEY": "n4",
+        "AWS_SESSION_TOKEN": "t5",
+        "PWD": "/srv/app",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_USE_V1": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
     out = redact.scrub_env(env)
     assert [k for k in env if out[k] == "***"] == list(env)[:5]
     assert all(out[k] == env[k] for k in list(env)[5:])

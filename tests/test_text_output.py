@@ -16,7 +16,7 @@ from vllm_offload_doctor.analyze.engine import analyze_file
 from vllm_offload_doctor.analyze.model import Evidence
 from vllm_offload_doctor.analyze.render import FILE_WIDTH, Renderer
 from vllm_offload_doctor.cli import cli
-from vllm_offload_doctor.formats import ELLIPSIS
+from vllm_offload_doctor.output.formats import ELLIPSIS
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "fixtures" / "logs"
@@ -55,7 +55,10 @@ def test_the_same_oom_line_is_shown_once_and_no_contradicting_also() -> None:
 def test_duplicate_evidence_from_two_processes_is_one_line() -> None:
     analysis = analyze_file(LOGS / "oom-weights-0.25.1.log")
     msg = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB."
-    ev = (Evidence(3, f"(EngineCore pid=1) ERROR 11-29 15:50:42 [core.py:1] {msg}"), Evidence(9, msg))
+    ev = (
+        Evidence(3, f"(EngineCore pid=1) ERROR 11-29 15:50:42 [core.py:1] {msg}"),
+        Evidence(9, msg),
+    )
     top = replace(analysis.findings[0], evidence=ev)
     text = Renderer().text(replace(analysis, findings=(top,)))
     assert text.count("Tried to allocate 1 GiB.") == 1

@@ -16,11 +16,26 @@ HERE = Path(__file__).parent / "unseen"
 CASES = {
     # name: (category, rule or None, offload status, words the summary must hold)
     "wsl2-pinned-crlf-journald.log": ("wsl", "WSL001", None, ()),
-    "ray-actor-died.log": ("unknown", None, "not_requested", ("died without raising", "OOM killer")),
-    "kv-offload-lmcache-oom.log": ("oom_weights", "OOM003", "not_requested", ("KV-cache offloading", "LMCache")),
+    "ray-actor-died.log": (
+        "unknown",
+        None,
+        "not_requested",
+        ("died without raising", "OOM killer"),
+    ),
+    "kv-offload-lmcache-oom.log": (
+        "oom_weights",
+        "OOM003",
+        "not_requested",
+        ("KV-cache offloading", "LMCache"),
+    ),
     "v0-docker-kv-blocks.log": ("oom_kv_cache", None, "not_requested", ()),
     # LABELING.md: no exception under a large offload is oom_host (the kernel's OOM killer).
-    "worker-died-exit-9.log": ("oom_host", "OOM005", "effective", ("2 x --cpu-offload-gb", "about 96 GiB", "OOM killer")),
+    "worker-died-exit-9.log": (
+        "oom_host",
+        "OOM005",
+        "effective",
+        ("2 x --cpu-offload-gb", "about 96 GiB", "OOM killer"),
+    ),
     "hf-gated-ray-prefix.log": ("model_download", "DL001", "not_requested", ()),
     # Under WSL2 the UVA failure follows from WSL's pinned-memory default (corpus label: wsl).
     "uva-not-available-v2-wsl.log": ("wsl", "WSL001", None, ()),
@@ -77,7 +92,10 @@ def test_kv_offloading_size_is_not_weight_offload() -> None:
         ]
     )
     assert a.verdict.category.value == "oom_kv_cache"
-    assert "--kv-offloading-size 64.0" in a.verdict.summary and "weight offloading" in a.verdict.summary
+    assert (
+        "--kv-offloading-size 64.0" in a.verdict.summary
+        and "weight offloading" in a.verdict.summary
+    )
     assert a.offload.status.value == "not_requested"
 
 
@@ -88,8 +106,17 @@ def test_no_kv_offload_note_without_kv_offloading() -> None:
 
 @pytest.mark.parametrize(
     "prefix",
-    ["", "0: ", "12: ", "[1,0]<stderr>:", "[0,3]<stdout>: ", "May 01 10:00:10 node-7 vllm[2211]: ",
-     "2026-05-01T10:00:10.123456789Z stderr F ", "vllm-1  | ", "(VllmWorker rank=1 pid=2345) "],
+    [
+        "",
+        "0: ",
+        "12: ",
+        "[1,0]<stderr>:",
+        "[0,3]<stdout>: ",
+        "May 01 10:00:10 node-7 vllm[2211]: ",
+        "2026-05-01T10:00:10.123456789Z stderr F ",
+        "vllm-1  | ",
+        "(VllmWorker rank=1 pid=2345) ",
+    ],
 )
 def test_launcher_and_collector_prefixes(prefix: str) -> None:
     """srun --label, mpirun --tag-output, journald, CRI, compose, worker prefixes before anchored lines."""
@@ -144,14 +171,21 @@ def test_errors_the_server_lived_through_are_not_its_failure(before: str) -> Non
 
 def test_an_error_after_readiness_still_counts() -> None:
     a = analyze_lines(
-        [*READY, "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"]
+        [
+            *READY,
+            "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+        ]
     )
     assert a.verdict.category.value == "port_in_use"
 
 
 _ROOT = Path(__file__).parent.parent
 _ALL_LOGS = sorted(
-    [*_ROOT.glob("fixtures/rules/*/*.log"), *HERE.glob("*.log"), *(_ROOT / "tests/pasted").iterdir()]
+    [
+        *_ROOT.glob("fixtures/rules/*/*.log"),
+        *HERE.glob("*.log"),
+        *(_ROOT / "tests/pasted").iterdir(),
+    ]
 )
 
 

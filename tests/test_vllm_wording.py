@@ -28,13 +28,25 @@ LOADED = [
     # V0 (and V1 0.6.4-0.7.3): 'Loading model weights took X GB', 0.4.0-0.7.3
     ("INFO 04-02 16:40:21 model_runner.py:104] Loading model weights took 13.4966 GB", 13.4966),
     # V0 and V1 0.8.0-0.8.2: 'Model loading took X GB and'
-    ("INFO 04-01 16:44:11 [model_runner.py:1146] Model loading took 14.2597 GB and 59.536244 seconds", 14.2597),
+    (
+        "INFO 04-01 16:44:11 [model_runner.py:1146] Model loading took 14.2597 GB and 59.536244 seconds",
+        14.2597,
+    ),
     # XPU 0.8.3-0.9.2: 'Loading model weights took X GiB'
-    ("INFO 05-06 10:00:00 [xpu_model_runner.py:415] Loading model weights took 14.2597 GiB", 14.2597),
+    (
+        "INFO 05-06 10:00:00 [xpu_model_runner.py:415] Loading model weights took 14.2597 GiB",
+        14.2597,
+    ),
     # V1 0.8.3-0.11.0 and V2 0.12.0-0.27.1: GiB without 'memory'
-    ("INFO 05-06 10:00:00 [gpu_model_runner.py:2653] Model loading took 14.2597 GiB and 6.1 seconds", 14.2597),
+    (
+        "INFO 05-06 10:00:00 [gpu_model_runner.py:2653] Model loading took 14.2597 GiB and 6.1 seconds",
+        14.2597,
+    ),
     # V1 0.11.1-0.33.0: 'GiB memory and'
-    ("(EngineCore pid=9) INFO 05-06 10:00:00 [gpu_model_runner.py:5088] Model loading took 14.26 GiB memory and 6.1 seconds", 14.26),
+    (
+        "(EngineCore pid=9) INFO 05-06 10:00:00 [gpu_model_runner.py:5088] Model loading took 14.26 GiB memory and 6.1 seconds",
+        14.26,
+    ),
 ]
 
 
@@ -75,7 +87,10 @@ def test_zero_blocks_in_every_platform_spelling(line: str) -> None:
 
 
 def test_cpu_blocks_are_not_gpu_blocks() -> None:
-    assert _collect("INFO 04-09 10:00:00 cpu_executor.py:186] # CPU blocks: 0").facts.gpu_blocks is None
+    assert (
+        _collect("INFO 04-09 10:00:00 cpu_executor.py:186] # CPU blocks: 0").facts.gpu_blocks
+        is None
+    )
 
 
 POOLS = [
@@ -108,30 +123,98 @@ def test_pool_kv_size_below_max_model_len_is_short() -> None:
 
 FAILURES = [
     # OOM002: 'GB' 0.7.0-0.8.2
-    ("oom_kv_cache", "OOM002", "ERROR 03-20 09:14:43 [core.py:343] ValueError: To serve at least one request with the models's max seq len (131072), (7.00 GB KV cache is needed, which is larger than the available KV cache memory (4.85 GB). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."),
+    (
+        "oom_kv_cache",
+        "OOM002",
+        "ERROR 03-20 09:14:43 [core.py:343] ValueError: To serve at least one request with the models's max seq len (131072), (7.00 GB KV cache is needed, which is larger than the available KV cache memory (4.85 GB). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+    ),
     # OOM001: bytes 0.5.4-0.15.1, used memory 0.7.0-0.10.2, bare 0.4.0-0.5.3.post1
-    ("oom_gpu_util", "OOM001", "AssertionError: Error in memory profiling. Initial free memory 23580753920, current free memory 23849189376. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance."),
-    ("oom_gpu_util", "OOM001", "[rank0]: AssertionError: Error in memory profiling. Initial used memory 16219373568, currently used memory 15947792384. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance."),
-    ("oom_gpu_util", "OOM001", "AssertionError: Error in memory profiling. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance."),
-    ("oom_gpu_util", "OOM001", "(EngineCore pid=5) ERROR 01-02 03:04:05 [core.py:1190] AssertionError: Error in memory profiling. Initial free memory 70.12 GiB, current free memory 71.5 GiB. This happens when other processes sharing the same container release GPU memory while vLLM is profiling during initialization. To fix this, ensure consistent GPU memory allocation or isolate vLLM in its own container."),
+    (
+        "oom_gpu_util",
+        "OOM001",
+        "AssertionError: Error in memory profiling. Initial free memory 23580753920, current free memory 23849189376. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance.",
+    ),
+    (
+        "oom_gpu_util",
+        "OOM001",
+        "[rank0]: AssertionError: Error in memory profiling. Initial used memory 16219373568, currently used memory 15947792384. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance.",
+    ),
+    (
+        "oom_gpu_util",
+        "OOM001",
+        "AssertionError: Error in memory profiling. This happens when the GPU memory was not properly cleaned up before initializing the vLLM instance.",
+    ),
+    (
+        "oom_gpu_util",
+        "OOM001",
+        "(EngineCore pid=5) ERROR 01-02 03:04:05 [core.py:1190] AssertionError: Error in memory profiling. Initial free memory 70.12 GiB, current free memory 71.5 GiB. This happens when other processes sharing the same container release GPU memory while vLLM is profiling during initialization. To fix this, ensure consistent GPU memory allocation or isolate vLLM in its own container.",
+    ),
     # OOM008: auto-fit 0.14.0-0.33.0
-    ("oom_kv_cache", "OOM008", "(EngineCore_DP0 pid=4177) ERROR 11-05 21:11:19 [core.py:843] ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. Try increasing `gpu_memory_utilization`."),
+    (
+        "oom_kv_cache",
+        "OOM008",
+        "(EngineCore_DP0 pid=4177) ERROR 11-05 21:11:19 [core.py:843] ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. Try increasing `gpu_memory_utilization`.",
+    ),
     # OOM009: external weights 0.32.0-0.33.0
-    ("oom_gpu_util", "OOM009", "(EngineCore pid=812) ERROR 01-15 16:20:23 [core.py:1190] ValueError: Externally held weights on device cuda:0 (66.31/79.19 GiB) exceed the desired GPU memory utilization (0.5, 39.6 GiB). Increase GPU memory utilization or reduce GPU memory used by other processes."),
+    (
+        "oom_gpu_util",
+        "OOM009",
+        "(EngineCore pid=812) ERROR 01-15 16:20:23 [core.py:1190] ValueError: Externally held weights on device cuda:0 (66.31/79.19 GiB) exceed the desired GPU memory utilization (0.5, 39.6 GiB). Increase GPU memory utilization or reduce GPU memory used by other processes.",
+    ),
     # ARG002: plain (<= 0.9) and inside pydantic's ValidationError (VllmConfig, later versions)
-    ("bad_args", "ARG002", "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3)."),
-    ("bad_args", "ARG002", "(APIServer pid=1)   Value error, Total number of attention heads (28) must be divisible by tensor parallel size (8). [type=value_error, input_value=ArgsKwargs((), {'model_co...}), input_type=ArgsKwargs]"),
-    ("bad_args", "ARG002", "ValueError: Total number of hidden layers (30) must be divisible by pipeline parallel size (4)."),
+    (
+        "bad_args",
+        "ARG002",
+        "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).",
+    ),
+    (
+        "bad_args",
+        "ARG002",
+        "(APIServer pid=1)   Value error, Total number of attention heads (28) must be divisible by tensor parallel size (8). [type=value_error, input_value=ArgsKwargs((), {'model_co...}), input_type=ArgsKwargs]",
+    ),
+    (
+        "bad_args",
+        "ARG002",
+        "ValueError: Total number of hidden layers (30) must be divisible by pipeline parallel size (4).",
+    ),
     # DL002: no weight files 0.4.1-0.33.0, safetensors-only loaders 0.6.6-0.33.0
-    ("model_download", "DL002", "RuntimeError: Cannot find any model weights with `/data/models/Qwen2.5-7B-Instruct`"),
-    ("model_download", "DL002", "(EngineCore pid=3) ERROR 01-02 03:04:05 [core.py:1190] RuntimeError: Cannot find any safetensors model weights with `/models/llama`"),
+    (
+        "model_download",
+        "DL002",
+        "RuntimeError: Cannot find any model weights with `/data/models/Qwen2.5-7B-Instruct`",
+    ),
+    (
+        "model_download",
+        "DL002",
+        "(EngineCore pid=3) ERROR 01-02 03:04:05 [core.py:1190] RuntimeError: Cannot find any safetensors model weights with `/models/llama`",
+    ),
     # DL001 through the exception map: 'Invalid repository ID or local directory' 0.8.0-0.33.0
-    ("model_download", "DL001", "(APIServer pid=7) ValueError: Invalid repository ID or local directory specified: '/models/Llama-3.1-8B-Instruct'."),
+    (
+        "model_download",
+        "DL001",
+        "(APIServer pid=7) ValueError: Invalid repository ID or local directory specified: '/models/Llama-3.1-8B-Instruct'.",
+    ),
     # TOK001: chat-template path errors (0.5.3-0.33.0), a tokenizer without a template (0.14.0-0.33.0)
-    ("tokenizer_template", "TOK001", "(APIServer pid=1) ValueError: The supplied chat template string (templates/llama3.jinja) appears path-like, but doesn't exist! Tried: templates/llama3.jinja and /usr/local/lib/python3.12/dist-packages/vllm/transformers_utils/chat_templates/templates/llama3.jinja"),
-    ("tokenizer_template", "TOK001", "(APIServer pid=1) vllm.exceptions.VLLMValidationError: The supplied chat template (./tpl.jinja) looks like a file path, but it failed to be opened. Tried: ./tpl.jinja and /usr/lib/python3/dist-packages/vllm/transformers_utils/chat_templates/tpl.jinja. Reason: [Errno 21] Is a directory: './tpl.jinja'"),
-    ("tokenizer_template", "TOK001", "FileNotFoundError: the supplied chat template path doesn't exist"),
-    ("tokenizer_template", "TOK001", "(APIServer pid=1) ValueError: No chat template available. Provide `chat_template` explicitly."),
+    (
+        "tokenizer_template",
+        "TOK001",
+        "(APIServer pid=1) ValueError: The supplied chat template string (templates/llama3.jinja) appears path-like, but doesn't exist! Tried: templates/llama3.jinja and /usr/local/lib/python3.12/dist-packages/vllm/transformers_utils/chat_templates/templates/llama3.jinja",
+    ),
+    (
+        "tokenizer_template",
+        "TOK001",
+        "(APIServer pid=1) vllm.exceptions.VLLMValidationError: The supplied chat template (./tpl.jinja) looks like a file path, but it failed to be opened. Tried: ./tpl.jinja and /usr/lib/python3/dist-packages/vllm/transformers_utils/chat_templates/tpl.jinja. Reason: [Errno 21] Is a directory: './tpl.jinja'",
+    ),
+    (
+        "tokenizer_template",
+        "TOK001",
+        "FileNotFoundError: the supplied chat template path doesn't exist",
+    ),
+    (
+        "tokenizer_template",
+        "TOK001",
+        "(APIServer pid=1) ValueError: No chat template available. Provide `chat_template` explicitly.",
+    ),
 ]
 
 

@@ -1,5 +1,24 @@
-"""`python -m vllm_offload_doctor` entry point."""
+"""The console script and `python -m vllm_offload_doctor`: `--version` answers before click and the
+commands are imported (a bare interpreter's start-up, not the CLI's); everything else goes to
+`cli.main`."""
 
-from vllm_offload_doctor.cli import main
+from __future__ import annotations
 
-main()
+import sys
+
+from vllm_offload_doctor import __version__
+
+VERSION_LINE = f"offload-doctor, version {__version__}"  # what click's version_option prints
+
+
+def main() -> None:
+    if sys.argv[1:] in (["--version"], ["-V"]):
+        sys.stdout.write(VERSION_LINE + "\n")
+        return
+    from vllm_offload_doctor.cli import main as run
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -13,13 +13,15 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 import click
 
 from vllm_offload_doctor import __version__, errors, exitcodes, links
+from vllm_offload_doctor.common_cli import Output, output_option
 from vllm_offload_doctor.errors import DoctorError
-from vllm_offload_doctor.formats import OutputFormat, error_document
+from vllm_offload_doctor.output.formats import OutputFormat, error_document
 
 # Workflow order; each command's module is imported only when that command runs, so
 # `--version` and `check` never pay for compare or analyze.
@@ -29,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("vllm_offload_doctor.analyze.cli", "analyze"),
     "rules": ("vllm_offload_doctor.analyze.cli", "rules"),
     "inspect": ("vllm_offload_doctor.inspect.cli", "inspect"),
-    "completion": ("vllm_offload_doctor.completion_cli", "completion"),
+    "completion": ("vllm_offload_doctor.cli", "completion"),
 }
 
 
@@ -169,8 +171,6 @@ def _fail(
                 click.echo(text)
         # FILE gets it too: a script reading FILE never finds an earlier run's report there.
         if want.output is not None and kind != errors.OutputError.kind:
-            from pathlib import Path
-
             from vllm_offload_doctor.common_cli import write_atomically
 
             with contextlib.suppress(DoctorError, OSError):  # FILE unwritable: stdout has it
@@ -181,3 +181,30 @@ def _fail(
 def _stderr(message: str) -> None:
     with contextlib.suppress(OSError):
         click.echo(message, err=True)
+
+
+# `offload-doctor completion SHELL`: the shell completion script (click's), to source.
+@click.command("completion", short_help="Print the shell completion script.")
+@click.argument("shell", type=click.Choice(("bash", "zsh", "fish")))
+@output_option()
+@click.pass_context
+def completion(ctx: click.Context, shell: str, output: Path | None) -> int:
+    """Print the completion script for SHELL; commands, options, and paths for analyze and --model.
+
+    \b
+    Examples:
+      eval "$(offload-doctor completion bash)"     # in ~/.bashrc
+      eval "$(offload-doctor completion zsh)"      # in ~/.zshrc
+      offload-doctor completion fish -o ~/.config/fish/completions/offload-doctor.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    root = ctx.find_root().command
+    cls = get_completion_class(shell)
+    assert cls is not None  # click ships all three
+    script = cls(root, {}, "offload-doctor", "_OFFLOAD_DOCTOR_COMPLETE").source()
+    # The script is the report: with -o it goes to FILE only (a second copy on screen helps no one).
+    out = Output(OutputFormat.TEXT, output, quiet=output is not None)
+    out.save(script)
+    out.close()
+    return exitcodes.OK

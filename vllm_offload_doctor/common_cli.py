@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import click
 import click.shell_completion
 
-from vllm_offload_doctor.color import use_color
 from vllm_offload_doctor.errors import OutputError
-from vllm_offload_doctor.formats import OutputFormat, ordered
+from vllm_offload_doctor.output.color import use_color
+from vllm_offload_doctor.output.formats import OutputFormat, ordered
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -853,7 +853,9 @@ def _private_host(host: str) -> bool:
     if not low or low == "localhost" or low in _KEEP_IPS or low.startswith("127."):
         return False
     if low.endswith(".") or low in _PUBLIC_LABELS:
-        return False  # a name cut short (a URL whose host ends in a dot where an evidence line is cut)
+        return (
+            False  # a name cut short (a URL whose host ends in a dot where an evidence line is cut)
+        )
     return not any(low == h or low.endswith("." + h) for h in _PUBLIC_HOSTS)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-V2_IGNORES_FROM = Version("0.12.0")  # the first release whose V2 runner never installs the offloader
+V2_IGNORES_FROM = Version(
+    "0.12.0"
+)  # the first release whose V2 runner never installs the offloader
 FIXED_IN = Version("0.28.0")  # PR #51413
 V1_ESCAPE_FROM = Version("0.22")  # VLLM_USE_V2_MODEL_RUNNER=0 picks V1 from here
 WINDOW = "0.12.0-0.27.1"  # the releases that ignore the flag under V2, as the messages say it

@@ -22,7 +22,7 @@ from vllm_offload_doctor.analyze.logread import Source
 from vllm_offload_doctor.analyze.model import Analysis
 from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
 from vllm_offload_doctor.errors import InputError
-from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.output.formats import OutputFormat
 
 MIN_PER_JOB = 4  # inputs per worker below which a pool costs more than it saves
 

@@ -235,7 +235,9 @@ def problems(rule: Rule, catalogue: Catalogue) -> list[str]:
     out = []
     for c in cited(rule, catalogue):
         if not c.found:
-            out.append(f"{rule.id}: vllm_source names a message not in the catalogue: {c.template!r}")
+            out.append(
+                f"{rule.id}: vllm_source names a message not in the catalogue: {c.template!r}"
+            )
         if c.example is not None and not instance_of(c.template, c.example):
             out.append(f"{rule.id}: example {c.example!r} is not an instance of {c.template!r}")
         out += [
@@ -295,7 +297,9 @@ def text_lines(rule: Rule, citation: Citation, catalogue: Catalogue, limit: int 
     return lines
 
 
-def _entry_line(rule: Rule, message: Message, idx: Sequence[int], numbered: bool, indent: str) -> str:
+def _entry_line(
+    rule: Rule, message: Message, idx: Sequence[int], numbered: bool, indent: str
+) -> str:
     if not idx:
         tag = "  [no pattern matches]"
     elif numbered:

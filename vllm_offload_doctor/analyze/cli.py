@@ -20,7 +20,7 @@ from vllm_offload_doctor.common_cli import (
     quiet_option,
     verbose_option,
 )
-from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.output.formats import OutputFormat
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -144,7 +144,11 @@ def analyze(
     # Each target renders its own format: the chosen one (FILE, or stdout without -o), and the
     # text view on stdout beside -o. Only stdout is ever coloured.
     targets = [
-        (RENDERERS[fmt], Renderer(color=out.color and not out.path, hosts=redact, home=redact), out.save)
+        (
+            RENDERERS[fmt],
+            Renderer(color=out.color and not out.path, hosts=redact, home=redact),
+            out.save,
+        )
     ]
     screen = out.screen_format
     if out.path is not None and screen is not None:
@@ -204,14 +208,18 @@ def analyze(
 
 @click.command("rules", short_help="List the log rules, or explain some.")
 @click.argument("rule_ids", metavar="[ID]...", nargs=-1)
-@rule_dirs_option("Directory of extra rule files (TOML) to list with the built-in ones; may be repeated.")
+@rule_dirs_option(
+    "Directory of extra rule files (TOML) to list with the built-in ones; may be repeated."
+)
 @format_option(
     (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.MARKDOWN),
     "markdown: the rule table as the README shows it, or each rule explained.",
 )
 @output_option()
 @quiet_option()
-@verbose_option("The rule author's view: patterns, conditions, template and every catalogued message.")
+@verbose_option(
+    "The rule author's view: patterns, conditions, template and every catalogued message."
+)
 def rules(
     rule_ids: tuple[str, ...],
     rule_dirs: tuple[Path, ...],

@@ -51,7 +51,11 @@ _FATAL_HINT = declare(
 _LOADING_NUMBER = re.compile(r"Model loading took -?\d+(?:\.(\d*))? GiB")
 # Ctrl+C: the exception, the signal's name, the terminal's echo '^C' in front of the next line.
 _INTERRUPT = declare(
-    r"^(?:\w+\.)*KeyboardInterrupt\b|\bSIGINT\b|^\^C|Aborted!$", "KeyboardInterrupt", "SIGINT", "^C", "Aborted!"
+    r"^(?:\w+\.)*KeyboardInterrupt\b|\bSIGINT\b|^\^C|Aborted!$",
+    "KeyboardInterrupt",
+    "SIGINT",
+    "^C",
+    "Aborted!",
 )
 _CUT_ALARM = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[")  # prefix cut off
 _STAMP = re.compile(r"\b(?:\d\d-\d\d|\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)\b")
@@ -89,7 +93,10 @@ class Engine:
         self.rules = lend_exceptions(base, self.knowledge)
         self._prefilter = literal_matcher(self.prefilter_words())
         self._prefilter_served = literal_matcher(self.prefilter_words(served=True))
-        self._find, self._find_served = span_finder(self._prefilter), span_finder(self._prefilter_served)
+        self._find, self._find_served = (
+            span_finder(self._prefilter),
+            span_finder(self._prefilter_served),
+        )
 
     def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
         """(word, ignore case): the declared fact words, the knowledge's and the rules' keywords."""
@@ -357,7 +364,9 @@ class _State:
         if found is not None:
             return found
         found = ()
-        if self._rule_words(line.text.encode(), 0):  # one scan for all keywords: most lines hold none
+        if self._rule_words(
+            line.text.encode(), 0
+        ):  # one scan for all keywords: most lines hold none
             for rule in self.matching:
                 text = line.text if rule.where == "line" else line.msg
                 if any(k in text for k in rule.keywords):
@@ -392,7 +401,9 @@ class _State:
             self.run_visible = self.splitter.visible(raw)
         key = repeats.key(raw)
         # The same fingerprint on both paths: identical starts are merged alike (runs.Runs.repeat).
-        self.run_sig = hash((self.run_sig, key if key is not None else raw, no - self.run_first_line))
+        self.run_sig = hash(
+            (self.run_sig, key if key is not None else raw, no - self.run_first_line)
+        )
         plan = self.plans.get(key, _UNSEEN) if self.replay and key is not None else None
         if (
             isinstance(plan, repeats.Plan)
@@ -749,7 +760,11 @@ def _kv_numbers(facts: Facts) -> dict[str, Any]:
 def _fact_evidence(facts: Facts, collector: FactCollector, rule: Rule) -> tuple[Evidence, ...]:
     """Evidence for a rule that rests on facts: the lines of its numbers, the args and runner lines."""
     named = " ".join(c.fact for c in (*rule.all, *rule.any))
-    numbers = [Evidence(*v) for k, v in collector.number_lines.items() if k.startswith("kv_") or k == "gpu_blocks"]
+    numbers = [
+        Evidence(*v)
+        for k, v in collector.number_lines.items()
+        if k.startswith("kv_") or k == "gpu_blocks"
+    ]
     if "kv_" in named:
         return tuple(sorted(numbers, key=lambda e: e.line))
     out = []

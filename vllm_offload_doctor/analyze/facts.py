@@ -34,7 +34,9 @@ _VERSION = (
     declare(r"Initializing an? (?:V1 )?LLM engine \(v(?P<v>\d+\.\d+[^)]*)\)", "LLM engine (v"),
     declare(
         r"\bvllm(?:==|-| version:? v?)(?P<v>\d+\.\d+\.\d+[\w.+-]*)",
-        "vllm==", "vllm version", *(f"vllm-{d}" for d in "0123456789"),
+        "vllm==",
+        "vllm version",
+        *(f"vllm-{d}" for d in "0123456789"),
     ),
 )
 _MODEL = (
@@ -51,7 +53,11 @@ _CFG_ITEM = re.compile(
     r"(?P<v>'[^']*'|[^,\s)]+)"
 )
 _CLI = declare(
-    r"(?:vllm serve|vllm\.entrypoints|api_server|LLM\()", "vllm serve", "vllm.entrypoints", "api_server", "LLM("
+    r"(?:vllm serve|vllm\.entrypoints|api_server|LLM\()",
+    "vllm serve",
+    "vllm.entrypoints",
+    "api_server",
+    "LLM(",
 )
 _CLI_FLAG = re.compile(
     r"--(?P<k>cpu-offload-gb|gpu-memory-utilization|max-model-len|tensor-parallel-size|"
@@ -75,10 +81,14 @@ _PREFETCH = declare(
     r"^\[PrefetchOffloader\] Initialized \d+ modules\. Total GPU memory saved: (?P<g>[\d.]+) GB",
     "[PrefetchOffloader]",
 )
-_LOADING = declare(r"^Model loading took (?P<g>-?[\d.]+) GiB(?P<mem> memory)? and", "Model loading took")
+_LOADING = declare(
+    r"^Model loading took (?P<g>-?[\d.]+) GiB(?P<mem> memory)? and", "Model loading took"
+)
 # 'GB' up to 0.8.2 (V0 'Loading model weights took' <=0.7.3, 'Model loading took ... GB and' 0.8.0-0.8.2).
 _LOADING_OLD = declare(
-    r"^(?:Loading model weights|Model loading) took (?P<g>[\d.]+) Gi?B\b", "Loading model weights took", "Model loading took"
+    r"^(?:Loading model weights|Model loading) took (?P<g>[\d.]+) Gi?B\b",
+    "Loading model weights took",
+    "Model loading took",
 )
 _KV_MEM = declare(r"^Available KV cache memory: (?P<g>-?[\d.]+) GiB", "Available KV cache memory")
 _KV_TOK = declare(r"KV cache size: (?P<t>[\d,]+) tokens", "KV cache size: ")
@@ -91,7 +101,8 @@ _CUDA_OOM = declare(
     "has a total capac",
 )
 _FREE_ON_DEVICE = declare(
-    r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<tot>[\d.]+) GiB\)", "Free memory on device"
+    r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<tot>[\d.]+) GiB\)",
+    "Free memory on device",
 )
 _GPU_NAME = declare(
     r"(?:Your (?P<a>.{1,120}?) GPU has compute capability|device '(?P<b>[^']+)' \(with compute capability"
@@ -100,10 +111,13 @@ _GPU_NAME = declare(
     ": NVIDIA ",
 )
 _WSL = declare(
-    r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2", "WSL"
+    r"WSL is detected|microsoft-standard-WSL|--cpu-offload-gb is enabled with CUDA graphs on WSL2",
+    "WSL",
 )
 _SERVED = declare(
-    r'"(?:POST|GET) /v1/(?:chat/)?completions HTTP/1\.[01]" 200', "/completions HTTP/1.", until_served=True
+    r'"(?:POST|GET) /v1/(?:chat/)?completions HTTP/1\.[01]" 200',
+    "/completions HTTP/1.",
+    until_served=True,
 )
 _SERVING_SETUP = declare(
     r"^(?:Available routes are|Route: /v1/|Started server process|Waiting for application startup"
@@ -128,7 +142,14 @@ _FRAME = declare(r'(?:^|File ")(?P<path>[^"]*)"?, line \d+,? in (?P<fn>[\w<>]+)'
 # or '# rocm blocks' (device name) 0.7.3-0.11.0.
 _GPU_BLOCKS = declare(
     r"# (?:gpu|cuda|rocm|xpu|tpu|hpu) blocks: (?P<n>\d+)",
-    *("# gpu blocks", "# cuda blocks", "# rocm blocks", "# xpu blocks", "# tpu blocks", "# hpu blocks"),
+    *(
+        "# gpu blocks",
+        "# cuda blocks",
+        "# rocm blocks",
+        "# xpu blocks",
+        "# tpu blocks",
+        "# hpu blocks",
+    ),
     icase=True,
     flags=re.I,
 )
@@ -201,14 +222,23 @@ PHASE_TABLE: tuple[tuple[str | None, str, Declared], ...] = (
     (
         None,
         "starting",
-        declare(r"^non-default args:|Initializing an? (?:V1 )?LLM engine", "non-default args:", "LLM engine"),
+        declare(
+            r"^non-default args:|Initializing an? (?:V1 )?LLM engine",
+            "non-default args:",
+            "LLM engine",
+        ),
     ),
     (
         "loading",
         "loading weights",
         declare(
             r"^(?:Starting to load model|Loading model from scratch|Loading weights|Loading safetensors)",
-            *("Starting to load model", "Loading model from scratch", "Loading weights", "Loading safetensors"),
+            *(
+                "Starting to load model",
+                "Loading model from scratch",
+                "Loading weights",
+                "Loading safetensors",
+            ),
         ),
     ),
     (
@@ -244,7 +274,13 @@ PHASE_TABLE: tuple[tuple[str | None, str, Declared], ...] = (
         declare(
             # The pool is 'GPU' up to 0.29, then the device ('GPU', 'XPU', 'GPU + host').
             r"^(?:Available KV cache memory|[A-Z]+(?: \+ host)? KV cache size: |# (?:gpu|cuda|rocm|xpu|tpu|hpu|cpu) blocks)",
-            *("available kv cache memory", "kv cache size: ", "# gpu blocks", "# cpu blocks", "# cuda blocks"),
+            *(
+                "available kv cache memory",
+                "kv cache size: ",
+                "# gpu blocks",
+                "# cpu blocks",
+                "# cuda blocks",
+            ),
             *("# rocm blocks", "# xpu blocks", "# tpu blocks", "# hpu blocks"),
             icase=True,
             flags=re.I,
@@ -288,7 +324,10 @@ CODE_HINTS = (
     ),
     (
         declare(
-            r"load_weights|weight_loader|load_model\(", "load_weights", "weight_loader", "load_model("
+            r"load_weights|weight_loader|load_model\(",
+            "load_weights",
+            "weight_loader",
+            "load_model(",
         ),
         "loading",
     ),
@@ -302,9 +341,7 @@ _NOT_FED = (_FRAME, *(rx for rx, _ in CODE_HINTS))  # frames are replayed; hints
 # which contains its message) changes no fact, whatever FactCollector.feed is asked.
 _FACT_WORDS = span_finder(
     literal_matcher(
-        sorted(
-            {(w, d.icase) for d in declared()[_FIRST:] if d not in _NOT_FED for w in d.words}
-        )
+        sorted({(w, d.icase) for d in declared()[_FIRST:] if d not in _NOT_FED for w in d.words})
     )
 )
 PHASES = ("start", *dict.fromkeys(k for k, _, _ in PHASE_TABLE if k), "runtime")
@@ -414,9 +451,7 @@ class FactCollector:
             return
         m = _NAMESPACE.match(msg)
         if m:
-            self._apply_args(
-                {k: _literal(v) for k, v in _ns_items(m.group("d"))}
-            )
+            self._apply_args({k: _literal(v) for k, v in _ns_items(m.group("d"))})
             return
         if _ENGINE_CFG.search(msg):
             for k, v in _cfg_items(msg[:MAX_TEXT]):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from vllm_offload_doctor.analyze.model import Analysis
 from vllm_offload_doctor.analyze.render import run_lines
-from vllm_offload_doctor.html import esc, page
+from vllm_offload_doctor.output.html import esc, page
 
 SORT_JS = """
 document.querySelectorAll('th.sort').forEach(function(th){th.addEventListener('click',function(){

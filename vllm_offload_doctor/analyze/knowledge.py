@@ -151,7 +151,9 @@ def _entry_head(
     if rule is None:
         raise _fail(path, f"{where}.rule", f"no rule {rule_id!r}")
     if rule.category is not category:
-        raise _fail(path, f"{where}.category", f"{category} differs from {rule_id}'s {rule.category}")
+        raise _fail(
+            path, f"{where}.category", f"{category} differs from {rule_id}'s {rule.category}"
+        )
     _str(path, item, "source")
     return entry_id, rule_id, category
 
@@ -175,14 +177,27 @@ def _exceptions(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> lis
             if pattern.search(line):
                 raise _fail(path, f"{where}.quiet", f"pattern matches {line[:80]!r}")
         out.append(
-            ExceptionEntry(entry_id, rule_id, category, keywords, pattern, item["source"], fire, quiet)
+            ExceptionEntry(
+                entry_id, rule_id, category, keywords, pattern, item["source"], fire, quiet
+            )
         )
     return out
 
 
 def _frames(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> list[FrameEntry]:
     out = []
-    allowed = {"id", "rule", "category", "functions", "path", "calls", "raises", "source", "fire", "quiet"}
+    allowed = {
+        "id",
+        "rule",
+        "category",
+        "functions",
+        "path",
+        "calls",
+        "raises",
+        "source",
+        "fire",
+        "quiet",
+    }
     for i, item in enumerate(data.get("frame", [])):
         where = f"frame[{i}]"
         entry_id, rule_id, category = _entry_head(path, where, item, allowed, rules)
@@ -198,8 +213,16 @@ def _frames(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> list[Fr
         fire = _strs(path, item, "fire", required=True)
         out.append(
             FrameEntry(
-                entry_id, rule_id, category, functions, paths, calls, item["source"], fire,
-                _strs(path, item, "quiet"), _strs(path, item, "raises"),
+                entry_id,
+                rule_id,
+                category,
+                functions,
+                paths,
+                calls,
+                item["source"],
+                fire,
+                _strs(path, item, "quiet"),
+                _strs(path, item, "raises"),
             )
         )
     return out
@@ -258,7 +281,9 @@ def lend_exceptions(rules: Sequence[Rule], knowledge: Knowledge) -> list[Rule]:
             rule = replace(
                 rule,
                 patterns=(*rule.patterns, *(e.pattern for e in extra)),
-                keywords=tuple(dict.fromkeys((*rule.keywords, *(k for e in extra for k in e.keywords)))),
+                keywords=tuple(
+                    dict.fromkeys((*rule.keywords, *(k for e in extra for k in e.keywords)))
+                ),
             )
         out.append(rule)
     return out

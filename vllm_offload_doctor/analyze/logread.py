@@ -33,6 +33,7 @@ from vllm_offload_doctor.errors import InputError
 BLOCK = 4 << 20
 MAX_LINE = 256 << 10
 
+
 def _has_zstd() -> bool:
     try:
         return importlib.util.find_spec("compression.zstd") is not None  # Python 3.14+

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from vllm_offload_doctor.formats import SCHEMA_VERSION
+from vllm_offload_doctor.output.formats import SCHEMA_VERSION
 
 
 class Category(StrEnum):

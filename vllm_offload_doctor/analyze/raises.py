@@ -107,7 +107,9 @@ def _re2_set(patterns: Sequence[str]) -> Any:
 
         options = re2.Options()
         options.log_errors = False
-        options.max_mem = 8 << 20  # RE2's default budget; a test checks every template still matches
+        options.max_mem = (
+            8 << 20
+        )  # RE2's default budget; a test checks every template still matches
         rx_set = re2.Set.FullMatchSet(options)
         for p in patterns:
             rx_set.Add(p)
@@ -144,7 +146,9 @@ def build(knowledge: Knowledge, cat: catalogue.Catalogue) -> RaiseMap:
         first = min((me[0].first for me in found), key=lambda v: rank.get(v, -1))
         entry = found[0][1]
         assert entry is not None
-        kept.append((rx, Raised(newest.template, newest.type, newest.file, first, newest.last, entry)))
+        kept.append(
+            (rx, Raised(newest.template, newest.type, newest.file, first, newest.last, entry))
+        )
     # No message of a module lending another category, or none, may read as a kept one (two
     # templates of one shape): sample each and drop the kept templates it matches.
     probe = RaiseMap([r for _, r in kept], [rx for rx, _ in kept])

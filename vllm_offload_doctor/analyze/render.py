@@ -16,8 +16,8 @@ from typing import Any
 
 from vllm_offload_doctor.analyze.model import Analysis, Category, Evidence, RankOffload
 from vllm_offload_doctor.analyze.normalize import parse
-from vllm_offload_doctor.color import paint
-from vllm_offload_doctor.formats import ELLIPSIS, SCHEMA_VERSION, OutputFormat, shorten
+from vllm_offload_doctor.output.color import paint
+from vllm_offload_doctor.output.formats import ELLIPSIS, SCHEMA_VERSION, OutputFormat, shorten
 from vllm_offload_doctor.redact import Places, redact, scrub_data, scrub_text
 
 EVIDENCE_WIDTH = 300  # characters of a log line shown as evidence
@@ -171,7 +171,9 @@ class Renderer:
         out += _wrap("  facts:    ", ", ".join(b for b in bits if b))
         starts = run_lines(a)
         if starts:
-            out += _wrap("  starts:   ", f"{sum(r.starts for r in a.runs)} server starts in this log")
+            out += _wrap(
+                "  starts:   ", f"{sum(r.starts for r in a.runs)} server starts in this log"
+            )
             for line in starts:
                 out += _wrap("    ", self._r(line), "      ")
         if len(f.ranks) > 1:
@@ -363,7 +365,9 @@ class JsonStream:
     def item(self, analysis: Analysis, record: dict[str, Any] | None = None) -> str:
         category = analysis.verdict.category.value
         self.counts[category] = self.counts.get(category, 0) + 1
-        body = json.dumps(self.r.record(analysis) if record is None else record, ensure_ascii=False, indent=2)
+        body = json.dumps(
+            self.r.record(analysis) if record is None else record, ensure_ascii=False, indent=2
+        )
         self.n += 1
         return ("\n" if self.n == 1 else ",\n") + "    " + body.replace("\n", "\n    ")
 

@@ -21,13 +21,42 @@ from vllm_offload_doctor.analyze.patterns import declare_words
 
 # Words that reach the prefilter: each header or fact line below contains one of them.
 KEYWORDS = (
-    "Collecting environment information", "PyTorch version", "Is debug build", "vLLM Version",
-    "vLLM Build Flags", "Versions of relevant libraries", "Nvidia driver version",
-    "CUDA runtime version", "CUDA used to build PyTorch", "GPU models and configuration",
-    "Driver Version:", "[pip3]", "[pip]", "[conda]", "vllm==", "torch==", "offload-doctor",
-    "Doctor summary", "Doctor found", "[✓]", "[✗]", "[!]", "[-]", "Verdict: ", "  verdict:  ",
-    "  evidence:", "most relevant lines:", "Artifacts: ", "GiB] ", "| ✅", "| ❌", "| ⚠", "| ➖",
-    "vllm  ", "torch  ", "GPU 0: ",
+    "Collecting environment information",
+    "PyTorch version",
+    "Is debug build",
+    "vLLM Version",
+    "vLLM Build Flags",
+    "Versions of relevant libraries",
+    "Nvidia driver version",
+    "CUDA runtime version",
+    "CUDA used to build PyTorch",
+    "GPU models and configuration",
+    "Driver Version:",
+    "[pip3]",
+    "[pip]",
+    "[conda]",
+    "vllm==",
+    "torch==",
+    "offload-doctor",
+    "Doctor summary",
+    "Doctor found",
+    "[✓]",
+    "[✗]",
+    "[!]",
+    "[-]",
+    "Verdict: ",
+    "  verdict:  ",
+    "  evidence:",
+    "most relevant lines:",
+    "Artifacts: ",
+    "GiB] ",
+    "| ✅",
+    "| ❌",
+    "| ⚠",
+    "| ➖",
+    "vllm  ",
+    "torch  ",
+    "GPU 0: ",
 )
 declare_words(*KEYWORDS)
 
@@ -37,38 +66,80 @@ _V = r"(?P<v>\d+\.\d+(?:\.\d+)?(?:[\w.+-]*?))(?=[\s,;)@]|$)"
 _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("offload-doctor check", re.compile(r"^\[[✓✗!\-?]\] [A-Za-z][\w ()./-]*(?: \d+)?: ")),
     ("offload-doctor check", re.compile(r"^ {2,}[→•] ")),
-    ("offload-doctor check", re.compile(r"^(?:Doctor summary \(|[!✓] Doctor found |offload-doctor \S+ check:|#### offload-doctor )")),
+    (
+        "offload-doctor check",
+        re.compile(
+            r"^(?:Doctor summary \(|[!✓] Doctor found |offload-doctor \S+ check:|#### offload-doctor )"
+        ),
+    ),
     ("offload-doctor check", re.compile(r"^\| (?:✅|❌|⚠️?|➖|❔) ?\w+ \| ")),
     ("offload-doctor compare", re.compile(r"^\[\d+/\d+ offload [\d.]+ GiB\] ")),
-    ("offload-doctor compare", re.compile(r"^(?:Verdict: (?:OK|IGNORED|FAILED|INCONCLUSIVE)\b|Artifacts: /|  (?:Fix|See|Note): )")),
-    ("offload-doctor compare", re.compile(
-        r"^(?:\| )?(?:status|vLLM version|model runner|startup|offloader|CPU offloaded \(log\)|Model loading took"
-        r"|KV cache(?: tokens)?|GPU used \(device\)|GPU \(process tree\)|host RSS \(tree\)|latency \w+"
-        r"|tokens/s|TTFT median|ITL median|requests ok|answers|\S+ (?:offloaded|loading))(?: {2,}| \| )\S"
-    )),
+    (
+        "offload-doctor compare",
+        re.compile(
+            r"^(?:Verdict: (?:OK|IGNORED|FAILED|INCONCLUSIVE)\b|Artifacts: /|  (?:Fix|See|Note): )"
+        ),
+    ),
+    (
+        "offload-doctor compare",
+        re.compile(
+            r"^(?:\| )?(?:status|vLLM version|model runner|startup|offloader|CPU offloaded \(log\)|Model loading took"
+            r"|KV cache(?: tokens)?|GPU used \(device\)|GPU \(process tree\)|host RSS \(tree\)|latency \w+"
+            r"|tokens/s|TTFT median|ITL median|requests ok|answers|\S+ (?:offloaded|loading))(?: {2,}| \| )\S"
+        ),
+    ),
     ("offload-doctor compare", re.compile(r"^ {8,}offload [\d.]+ GiB {2,}offload [\d.]+ GiB")),
     # report.md
-    ("offload-doctor compare", re.compile(
-        r"^(?:\*\*Verdict: `\w+`\*\* - |## (?:Side by side|Setup|Commands)$|\|  \| offload [\d.]+ GiB \|"
-        r"|- offload [\d.]+ GiB \(log `|- (?:model|requests|environment|tensor parallel size)\b.*(?:`|stream=|per GPU))"
-    )),
-    ("offload-doctor compare", re.compile(r"^# (?:offload-doctor compare|environment passed|offload [\d.]+ GiB$)|^# {3}[A-Z][A-Z0-9_]*=")),
-    ("offload-doctor analyze", re.compile(r"^  (?:verdict|offload|facts|remedy|link|also|note): +\S|^  (?:evidence|most relevant lines):$|^  next step: ")),
-    ("offload-doctor analyze", re.compile(r"^counts: (?:[a-z_]+ \d+(?:, )?)+$|^file {2,}category {2,}offload {2,}summary$")),
-    ("offload-doctor analyze", re.compile(r"^### `[^`]+`: \*\*[a-z_]+\*\* — |^\*\*(?:Offload|What to do):\*\* |^<sub>vLLM \S+ · runner ")),
-    ("vllm collect-env", re.compile(
-        r"^(?:Collecting environment information|PyTorch version|Is debug build|CUDA used to build PyTorch"
-        r"|ROCM used to build PyTorch|GCC version|Clang version|CMake version|Libc version|Python version"
-        r"|Python platform|Is CUDA available|CUDA runtime version|CUDA_MODULE_LOADING set to"
-        r"|GPU models and configuration|Nvidia driver version|cuDNN version|HIP runtime version"
-        r"|MIOpen runtime version|Is XNNPACK available|vLLM Version|vLLM Build Flags|GPU Topology"
-        r"|Neuron SDK Version|Versions of relevant libraries)\s*:?"
-    )),
+    (
+        "offload-doctor compare",
+        re.compile(
+            r"^(?:\*\*Verdict: `\w+`\*\* - |## (?:Side by side|Setup|Commands)$|\|  \| offload [\d.]+ GiB \|"
+            r"|- offload [\d.]+ GiB \(log `|- (?:model|requests|environment|tensor parallel size)\b.*(?:`|stream=|per GPU))"
+        ),
+    ),
+    (
+        "offload-doctor compare",
+        re.compile(
+            r"^# (?:offload-doctor compare|environment passed|offload [\d.]+ GiB$)|^# {3}[A-Z][A-Z0-9_]*="
+        ),
+    ),
+    (
+        "offload-doctor analyze",
+        re.compile(
+            r"^  (?:verdict|offload|facts|remedy|link|also|note): +\S|^  (?:evidence|most relevant lines):$|^  next step: "
+        ),
+    ),
+    (
+        "offload-doctor analyze",
+        re.compile(
+            r"^counts: (?:[a-z_]+ \d+(?:, )?)+$|^file {2,}category {2,}offload {2,}summary$"
+        ),
+    ),
+    (
+        "offload-doctor analyze",
+        re.compile(
+            r"^### `[^`]+`: \*\*[a-z_]+\*\* — |^\*\*(?:Offload|What to do):\*\* |^<sub>vLLM \S+ · runner "
+        ),
+    ),
+    (
+        "vllm collect-env",
+        re.compile(
+            r"^(?:Collecting environment information|PyTorch version|Is debug build|CUDA used to build PyTorch"
+            r"|ROCM used to build PyTorch|GCC version|Clang version|CMake version|Libc version|Python version"
+            r"|Python platform|Is CUDA available|CUDA runtime version|CUDA_MODULE_LOADING set to"
+            r"|GPU models and configuration|Nvidia driver version|cuDNN version|HIP runtime version"
+            r"|MIOpen runtime version|Is XNNPACK available|vLLM Version|vLLM Build Flags|GPU Topology"
+            r"|Neuron SDK Version|Versions of relevant libraries)\s*:?"
+        ),
+    ),
     ("vllm collect-env", re.compile(r"^\[(?:pip3?|conda)\] \S")),
     ("nvidia-smi", re.compile(r"^\|? ?NVIDIA-SMI \S+ +Driver Version: ")),
     ("pip list", re.compile(r"^(?:vllm|torch|transformers|triton|xformers|flashinfer[\w-]*)==\d")),
     ("pip list", re.compile(r"^(?:vllm|torch) {2,}\d[\w.+-]*\s*$")),
-    ("shell prompt", re.compile(r"^(?:\([\w.-]+\) ?)?[\w.-]+@[\w.-]+(?::[^\s$#]*)? ?[$#] \S|^\$ \S")),
+    (
+        "shell prompt",
+        re.compile(r"^(?:\([\w.-]+\) ?)?[\w.-]+@[\w.-]+(?::[^\s$#]*)? ?[$#] \S|^\$ \S"),
+    ),
 )
 # Lines of a collect-env block whose label alone is too common; only after its header.
 _COLLECT_ENV_TAIL = re.compile(
@@ -93,11 +164,24 @@ _FACTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("torch_version", re.compile(_CHECK_ROW + r"vLLM:? (?:\| )?vLLM \S+ \(torch " + _V)),
     ("driver_version", re.compile(r"^Nvidia driver version\s*:\s*(?P<v>\d[\d.]+)")),
     ("driver_version", re.compile(r"Driver Version: (?P<v>\d[\d.]+)")),
-    ("driver_version", re.compile(_CHECK_ROW + r"NVIDIA driver \(NVML\):? (?:\| )?driver (?P<v>\d[\d.]+)")),
+    (
+        "driver_version",
+        re.compile(_CHECK_ROW + r"NVIDIA driver \(NVML\):? (?:\| )?driver (?P<v>\d[\d.]+)"),
+    ),
     ("cuda_version", re.compile(r"CUDA Version: (?P<v>\d[\d.]+)")),
     ("cuda_version", re.compile(r"^CUDA runtime version\s*:\s*(?P<v>\d[\d.]+)")),
-    ("cuda_version", re.compile(_CHECK_ROW + r"NVIDIA driver \(NVML\):? (?:\| )?driver \S+, CUDA (?P<v>\d[\d.]+)")),
-    ("gpu_name", re.compile(r"^(?:\[[✓✗!]\] )?GPU \d+: (?P<v>(?:NVIDIA|Tesla|Quadro|AMD|Instinct|Radeon)[^,(]*?)(?:,| \(UUID|$)")),
+    (
+        "cuda_version",
+        re.compile(
+            _CHECK_ROW + r"NVIDIA driver \(NVML\):? (?:\| )?driver \S+, CUDA (?P<v>\d[\d.]+)"
+        ),
+    ),
+    (
+        "gpu_name",
+        re.compile(
+            r"^(?:\[[✓✗!]\] )?GPU \d+: (?P<v>(?:NVIDIA|Tesla|Quadro|AMD|Instinct|Radeon)[^,(]*?)(?:,| \(UUID|$)"
+        ),
+    ),
 )
 
 
@@ -144,7 +228,9 @@ class Reports:
 
     def _kind(self, no: int, text: str) -> str | None:
         if no == self._after and text.startswith("  "):
-            return "offload-doctor " + ("compare" if "offload-doctor compare" in self.kinds else "analyze")
+            return "offload-doctor " + (
+                "compare" if "offload-doctor compare" in self.kinds else "analyze"
+            )
         if not text:
             return None
         for kind, rx in _SHAPES:

@@ -16,7 +16,7 @@ from pathlib import Path
 from vllm_offload_doctor.analyze import normalize
 from vllm_offload_doctor.analyze.rules import MATCH_TIMEOUT_S, Rule, fields_outside_segments
 from vllm_offload_doctor.errors import InputError
-from vllm_offload_doctor.formats import shorten
+from vllm_offload_doctor.output.formats import shorten
 
 WIDTH = 80
 _SEGMENT = re.compile(r"\[\[(.*?)\]\]", re.S)

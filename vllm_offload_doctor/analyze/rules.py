@@ -390,14 +390,18 @@ def _build(path: Path, data: dict[str, Any]) -> Rule:
 
 def _source_refs(path: Path, value: Any) -> tuple[SourceRef, ...]:
     if not isinstance(value, list):
-        raise _fail(path, "vllm_source", "must be a list of templates or {template, example} tables")
+        raise _fail(
+            path, "vllm_source", "must be a list of templates or {template, example} tables"
+        )
     refs = []
     for i, item in enumerate(value):
         if isinstance(item, str) and item:
             refs.append(SourceRef(item))
             continue
         if not isinstance(item, dict):
-            raise _fail(path, f"vllm_source[{i}]", "must be a template or a {template, example} table")
+            raise _fail(
+                path, f"vllm_source[{i}]", "must be a template or a {template, example} table"
+            )
         for key in item:
             if key not in ("template", "example"):
                 raise _fail(path, f"vllm_source[{i}].{key}", "unknown key")

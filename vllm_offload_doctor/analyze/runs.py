@@ -127,7 +127,9 @@ class Runs:
         self.entries[-1] = replace(prev, last_line=last, starts=prev.starts + 1)
         return True
 
-    def add(self, first: int, last: int, a: Analysis, decides: bool, sig: int | None = None) -> None:
+    def add(
+        self, first: int, last: int, a: Analysis, decides: bool, sig: int | None = None
+    ) -> None:
         """`decides`: the start shows an outcome (a start cut off after its banner shows none)."""
         self.last_sig = sig
         if decides:

@@ -42,8 +42,13 @@ class Lent:
     code: int | None = None
 
     def cite(self) -> dict[str, Any]:
-        return {"library": self.library, "package": self.package, "name": self.name,
-                "file": self.file, "versions": list(self.versions)}
+        return {
+            "library": self.library,
+            "package": self.package,
+            "name": self.name,
+            "file": self.file,
+            "versions": list(self.versions),
+        }
 
 
 def _first_line(template: str) -> str:
@@ -67,9 +72,13 @@ class StackMap:
         named = [m for m in lent if m.kind in ("code", "class")]
         self.by_name = {m.name: m for m in named}
         self._names = (
-            re.compile(r"(?<!\w)(?:" + "|".join(re.escape(n) for n in sorted(self.by_name, key=len,
-                                                                                reverse=True)) + r")\b")
-            if self.by_name else None
+            re.compile(
+                r"(?<!\w)(?:"
+                + "|".join(re.escape(n) for n in sorted(self.by_name, key=len, reverse=True))
+                + r")\b"
+            )
+            if self.by_name
+            else None
         )
         self.errnos: dict[int, list[Lent]] = {}
         # errno names are POSIX's, their texts each libc's ('Out of memory' in Linux's headers,
@@ -80,8 +89,10 @@ class StackMap:
                 self.errnos.setdefault(m.code, []).append(m)
                 self.errno_texts.setdefault(m.name, set()).add(m.template.rstrip(".").lower())
         texts = [m for m in lent if m.kind == "text"]
-        self.texts = sorted(((m, _core(m.template), _text_pattern(m.template)) for m in texts),
-                            key=lambda t: -len(t[1]))
+        self.texts = sorted(
+            ((m, _core(m.template), _text_pattern(m.template)) for m in texts),
+            key=lambda t: -len(t[1]),
+        )
         # Substrings one of which every line that can match holds: most messages are exception
         # lines ('...Error'), the rest are tested by their own literal core.
         triggers = {"rror", "[Errno"}
@@ -128,8 +139,18 @@ def build(doc: dict[str, Any], lend: Sequence[dict[str, Any]]) -> StackMap:
         for entry in lend:
             if m["library"] == entry["library"] and _named(m["name"], entry["names"]):
                 out.append(
-                    Lent(m["library"], m["package"], m["name"], m.get("kind", "text"), m["template"],
-                         m["file"], tuple(m["versions"]), entry["category"], entry["rule"], m.get("code"))
+                    Lent(
+                        m["library"],
+                        m["package"],
+                        m["name"],
+                        m.get("kind", "text"),
+                        m["template"],
+                        m["file"],
+                        tuple(m["versions"]),
+                        entry["category"],
+                        entry["rule"],
+                        m.get("code"),
+                    )
                 )
                 break
     return StackMap(out)
@@ -141,12 +162,21 @@ _BUILTIN: StackMap | None = None
 def builtin_stack() -> StackMap:
     global _BUILTIN
     if _BUILTIN is None:
-        data = Path(str(importlib.resources.files("vllm_offload_doctor"))) / "data" / "stack-messages.json"
+        data = (
+            Path(str(importlib.resources.files("vllm_offload_doctor")))
+            / "data"
+            / "stack-messages.json"
+        )
         try:
             doc = json.loads(data.read_text(encoding="utf-8"))
             lend = tomllib.loads((builtin_rules_dir() / "maps" / "stack.toml").read_text("utf-8"))
             _BUILTIN = build(doc if doc.get("format") == FORMAT else {}, lend.get("lend", []))
-        except (OSError, ValueError, KeyError, TypeError):  # an install without its data: lend nothing
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+        ):  # an install without its data: lend nothing
             _BUILTIN = StackMap(())
     return _BUILTIN
 
@@ -174,8 +204,14 @@ def stack_finding(
             continue
         lead = f"Library message {describe(m)}. "
         found = rule_finding(
-            rule, values, (evidence,), groups={"why": _first_line(m.template)[:300]}, remedy_groups={},
-            category=Category(m.category), lead=lead, precedence=STACK_PRECEDENCE,
+            rule,
+            values,
+            (evidence,),
+            groups={"why": _first_line(m.template)[:300]},
+            remedy_groups={},
+            category=Category(m.category),
+            lead=lead,
+            precedence=STACK_PRECEDENCE,
         )
         return replace(found, library_message=m.cite())
     return None

@@ -28,7 +28,9 @@ from vllm_offload_doctor.analyze.rules import Rule, render_message
 from vllm_offload_doctor.redact import scrub_cut
 
 _METHOD = re.compile(r"while processing method (\w+)")
-_REPR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)(?:\(['\"]|: \S)")  # an exception quoted in a line
+_REPR = re.compile(
+    r"\b[A-Z]\w*(?:Error|Exception)(?:\(['\"]|: \S)"
+)  # an exception quoted in a line
 MAX_EXCEPTIONS = 16
 
 
@@ -56,7 +58,9 @@ class Clues:
         if len(self.wrapped) < MAX_EXCEPTIONS:
             inner = msg.split("Value error, ", 1)[1].split(" [type=", 1)[0].strip()
             others = tuple(
-                r.id for r in rules if r.id != PYDANTIC_RULE and r.category is not Category.CRASH_OTHER
+                r.id
+                for r in rules
+                if r.id != PYDANTIC_RULE and r.category is not Category.CRASH_OTHER
             )
             self.wrapped.append((line.no, inner, others))
 
@@ -96,16 +100,22 @@ class Clues:
             if len(self.deaths) < 3:
                 self.deaths.append(Evidence(line.no, scrub_cut(line.text, 400)))
             return True
-        wrapped = know.wrappers.search(msg) if any(k in msg for k in know.wrapper_keywords) else None
+        wrapped = (
+            know.wrappers.search(msg) if any(k in msg for k in know.wrapper_keywords) else None
+        )
         if wrapped:
             self.wrappers.append(Evidence(line.no, scrub_cut(line.text, 400)))
             if _REPR.search(msg[wrapped.end() :]):
-                self.raised += 1  # 'failed to start: ImportError(...)': the wrapper quotes its cause
+                self.raised += (
+                    1  # 'failed to start: ImportError(...)': the wrapper quotes its cause
+                )
             return True
         return False
 
 
-PYDANTIC_RULE = "ARG001"  # reads pydantic's wrapper ('N validation error for X', 'Value error, ...')
+PYDANTIC_RULE = (
+    "ARG001"  # reads pydantic's wrapper ('N validation error for X', 'Value error, ...')
+)
 # Inner messages that say nothing about the arguments: Python's json decoder (an empty or broken
 # file as much as a bad JSON flag), and messages that point elsewhere for their cause.
 _NOT_ARGS = re.compile(
@@ -122,9 +132,7 @@ def judge_wrapped(findings: list[Finding], clues: Clues) -> tuple[list[Finding],
         return findings, None
     top = findings[0]
     lines = {no for no, _, _ in clues.wrapped}
-    pydantic_only = all(
-        e.line in lines or "validation error" in e.text for e in top.evidence
-    )
+    pydantic_only = all(e.line in lines or "validation error" in e.text for e in top.evidence)
     if not pydantic_only:
         return findings, None  # argparse or vLLM's own check: not a wrapped message
     others = {rid for _, _, rids in clues.wrapped for rid in rids}
@@ -137,8 +145,12 @@ def judge_wrapped(findings: list[Finding], clues: Clues) -> tuple[list[Finding],
     if len(foreign) < len(clues.wrapped):
         return findings, None
     kept = [
-        f for f in rest
-        if not (f.category is Category.CRASH_OTHER and all("validation error" in e.text or e.line in lines for e in f.evidence))
+        f
+        for f in rest
+        if not (
+            f.category is Category.CRASH_OTHER
+            and all("validation error" in e.text or e.line in lines for e in f.evidence)
+        )
     ]
     if kept:
         return kept, None
@@ -176,7 +188,9 @@ def rule_finding(
         severity=rule.severity,
         category=category or rule.category,
         message=lead + render_message(rule.message, groups, values),
-        remedy=render_message(rule.remedy, groups if remedy_groups is None else remedy_groups, values),
+        remedy=render_message(
+            rule.remedy, groups if remedy_groups is None else remedy_groups, values
+        ),
         links=rule.links,
         evidence=evidence,
         precedence=rule.precedence if precedence is None else precedence,
@@ -261,8 +275,12 @@ def host_oom_verdict(clues: Clues, facts: Facts, *, up: bool = False) -> Verdict
     pinned = offload * gpus
     summary = (
         "the engine process died without raising an exception ("
-        + ("a death line" if clues.deaths else "only a wrapper such as 'Engine core initialization "
-           "failed', no exception of its own")
+        + (
+            "a death line"
+            if clues.deaths
+            else "only a wrapper such as 'Engine core initialization "
+            "failed', no exception of its own"
+        )
         + f") while --cpu-offload-gb {offload:g} was pinning host memory: the kernel's OOM killer is "
         f"the usual cause; pinned memory took about {offload:g} GiB per GPU"
         + (f" ({pinned:g} GiB over {gpus} GPUs)" if gpus > 1 else "")

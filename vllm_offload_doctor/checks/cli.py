@@ -16,8 +16,8 @@ from vllm_offload_doctor.common_cli import (
     quiet_option,
     verbose_option,
 )
-from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.machine.fit import KV_CACHE_DTYPES
+from vllm_offload_doctor.output.formats import OutputFormat
 
 
 @click.command("check", short_help="Can this machine and this vLLM offload at all?")
@@ -167,7 +167,7 @@ def _list_checks(verbose: bool, fmt: OutputFormat) -> str:
     import json
 
     from vllm_offload_doctor.checks import all_checks
-    from vllm_offload_doctor.formats import SCHEMA_VERSION
+    from vllm_offload_doctor.output.formats import SCHEMA_VERSION
 
     checks = all_checks()
     if fmt is OutputFormat.JSON:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor import __version__, exitcodes
-from vllm_offload_doctor.formats import SCHEMA_VERSION
 from vllm_offload_doctor.links import DOCTOR_ISSUES
+from vllm_offload_doctor.output.formats import SCHEMA_VERSION
 
 
 class Status(StrEnum):

@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable
 
 from vllm_offload_doctor.checks import CheckResult, Report, Status
-from vllm_offload_doctor.color import paint
-from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.output.color import paint
+from vllm_offload_doctor.output.formats import OutputFormat
 from vllm_offload_doctor.redact import redact
 
 # A crashed check is flutter doctor's [☠]: ours to fix, not the machine's.

@@ -27,7 +27,13 @@ from vllm_offload_doctor.redact import scrub_argv, scrub_data, scrub_env, scrub_
 ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "PYTORCH_", "TORCH_", "HF_", "NVIDIA_", "TRANSFORMERS_")
 LOCK_NAME = ".offload-doctor.lock"
 KNOWN_FILES = ("report.json", "report.md", "report.html", "commands.txt")
-KNOWN_GLOBS = ("mode-*.log", ".report.json.tmp-*", ".report.md.tmp-*", ".report.html.tmp-*", ".commands.txt.tmp-*")
+KNOWN_GLOBS = (
+    "mode-*.log",
+    ".report.json.tmp-*",
+    ".report.md.tmp-*",
+    ".report.html.tmp-*",
+    ".commands.txt.tmp-*",
+)
 
 
 def relevant_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -65,7 +71,9 @@ def commands_text(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) 
     return "\n".join(lines) + "\n"
 
 
-def commands_data(cfg: CompareConfig, fix_env: Mapping[str, str] | None = None) -> dict[str, object]:
+def commands_data(
+    cfg: CompareConfig, fix_env: Mapping[str, str] | None = None
+) -> dict[str, object]:
     """What `commands_text` says, as data: `compare --dry-run --format json`."""
     verify = None
     if fix_env:

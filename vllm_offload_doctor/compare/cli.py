@@ -25,7 +25,7 @@ from vllm_offload_doctor.compare.config import (
     TIMEOUT_PER_OFFLOADED_S,
 )
 from vllm_offload_doctor.compare.render import RENDERERS
-from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.output.formats import OutputFormat
 
 if TYPE_CHECKING:
     from vllm_offload_doctor.compare.config import CompareConfig
@@ -318,7 +318,7 @@ def _dry_run(cfg: CompareConfig, fmt: OutputFormat) -> str:
     import json
 
     from vllm_offload_doctor.compare.artifacts import commands_data, commands_text
-    from vllm_offload_doctor.formats import SCHEMA_VERSION
+    from vllm_offload_doctor.output.formats import SCHEMA_VERSION
 
     if fmt is OutputFormat.JSON:
         doc = {"schema_version": SCHEMA_VERSION, **commands_data(cfg, cfg.fix_env())}

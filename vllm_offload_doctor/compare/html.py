@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vllm_offload_doctor.compare.model import CompareReport, ModeResult
 from vllm_offload_doctor.compare.render import column, rows
-from vllm_offload_doctor.html import MEMORY_COLOURS, esc, page
+from vllm_offload_doctor.output.html import MEMORY_COLOURS, esc, page
 
 
 def _ms_per_token(m: ModeResult) -> float | None:

@@ -25,7 +25,7 @@ from vllm_offload_doctor.compare.records import (
     Stop,
     pack,
 )
-from vllm_offload_doctor.formats import SCHEMA_VERSION
+from vllm_offload_doctor.output.formats import SCHEMA_VERSION
 
 
 class CompareStatus(StrEnum):
@@ -103,8 +103,6 @@ class Served:
             answers=tuple(Answer(a["answer"], a["count"]) for a in d.get("answers") or []),
             answers_matched=AnswersMatched(am.get("matched", 0), am.get("checked", 0)),
         )
-
-
 
 
 @dataclass(frozen=True, slots=True)

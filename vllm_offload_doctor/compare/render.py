@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from vllm_offload_doctor.color import paint
 from vllm_offload_doctor.compare.model import CompareReport, CompareStatus, ModeResult, Role
 from vllm_offload_doctor.compare.records import GpuDevice, LogFacts
-from vllm_offload_doctor.formats import OutputFormat
+from vllm_offload_doctor.output.color import paint
+from vllm_offload_doctor.output.formats import OutputFormat
 
 ICON = {
     CompareStatus.EFFECTIVE: "OK",

@@ -132,8 +132,7 @@ class _LogCap:
             f.truncate(self.head)
             f.seek(self.head)
             f.write(
-                f"\n[offload-doctor: {dropped} bytes of the server's log cut here: {self.flood()}]\n"
-                .encode()
+                f"\n[offload-doctor: {dropped} bytes of the server's log cut here: {self.flood()}]\n".encode()
             )
             f.write(tail)
 
@@ -265,7 +264,9 @@ class ServerProcess:
         deadline = (self.started_at or time.monotonic()) + timeout_s
         url = self.base_url()
         with httpx.Client(
-            timeout=httpx.Timeout(READY_TIMEOUT_S, connect=1.0), trust_env=False, headers=self.headers
+            timeout=httpx.Timeout(READY_TIMEOUT_S, connect=1.0),
+            trust_env=False,
+            headers=self.headers,
         ) as client:
             while True:
                 self.record_tree()
@@ -274,14 +275,19 @@ class ServerProcess:
                     on_tick(self.elapsed())
                 if rc is not None:
                     return StartResult(
-                        False, self.elapsed(), exited=True, returncode=rc,
+                        False,
+                        self.elapsed(),
+                        exited=True,
+                        returncode=rc,
                         reason=f"the server exited with status {rc} before it was ready",
                     )
                 ready = self._ready(client, url)
                 if ready == 401:
                     why = "rejected the API key sent" if self.sent_key else "wants an API key"
                     return StartResult(
-                        False, self.elapsed(), unauthorized=True,
+                        False,
+                        self.elapsed(),
+                        unauthorized=True,
                         reason=f"401: the server {why} (give it with `-- --api-key KEY` "
                         "or VLLM_API_KEY)",
                     )
@@ -289,7 +295,9 @@ class ServerProcess:
                     return StartResult(True, self.elapsed())
                 if time.monotonic() >= deadline:
                     return StartResult(
-                        False, self.elapsed(), timed_out=True,
+                        False,
+                        self.elapsed(),
+                        timed_out=True,
                         reason=f"not ready after {timeout_s:g} s (--timeout)",
                     )
                 time.sleep(POLL_S)

@@ -17,7 +17,6 @@ from vllm_offload_doctor.common_cli import (
     verbose_option,
 )
 from vllm_offload_doctor.errors import DoctorError
-from vllm_offload_doctor.formats import OutputFormat
 from vllm_offload_doctor.inspect.decide import decide
 from vllm_offload_doctor.inspect.model import HttpFacts, Inspection, ServerFacts, Verdict
 from vllm_offload_doctor.inspect.procs import (
@@ -31,6 +30,7 @@ from vllm_offload_doctor.inspect.procs import (
     is_server,
 )
 from vllm_offload_doctor.inspect.render import RENDERERS
+from vllm_offload_doctor.output.formats import OutputFormat
 
 EXIT = {
     Verdict.EFFECTIVE: exitcodes.OK,

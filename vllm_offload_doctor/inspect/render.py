@@ -6,8 +6,8 @@ import json
 import shlex
 from collections.abc import Callable
 
-from vllm_offload_doctor.formats import SCHEMA_VERSION, OutputFormat
 from vllm_offload_doctor.inspect.model import Inspection, Verdict
+from vllm_offload_doctor.output.formats import SCHEMA_VERSION, OutputFormat
 from vllm_offload_doctor.redact import scrub_argv
 
 HEADLINE = {
