@@ -120,7 +120,7 @@ def test_25_gives_a_lower_bound_that_the_bisection_respects() -> None:
 
 
 def _served(mode: ModeResult, median_s: float, tokens: int, n: int) -> ModeResult:
-    from vllm_offload_doctor.compare.model import AnswersMatched, Served
+    from vllm_offload_doctor.compare.records import AnswersMatched, Served
 
     gpu = GpuSnapshot(
         True,

@@ -134,8 +134,8 @@ def test_a_trickle_ends_at_the_request_timeout(stub: Callable[..., str]) -> None
 
 def test_fetch_info_is_bounded_too(stub: Callable[..., str]) -> None:
     info = fetch_info(stub(_huge), timeout_s=30)
-    assert info["version"] is None and info["metrics"] is None
-    assert all("MiB" in e for e in info["errors"])
+    assert info.version is None and info.metrics is None
+    assert all("MiB" in e for e in info.errors)
 
 
 def test_a_plain_answer_still_reads(stub: Callable[..., str]) -> None:

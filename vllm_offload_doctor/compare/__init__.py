@@ -6,7 +6,7 @@ took`) and the measurements (weights on GPU, decode latency, GPU memory, host RS
 A baseline that runs out of GPU memory is the case offload is for: the offload modes still run.
 
 Modules: config (what to run), model/records (the typed report), decide and performance (the
-verdict), run and measurement (the modes), artifacts (the run folder), render, cli.
+verdict), run and measure (the modes and their readings), artifacts (the run folder), render, cli.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Measurements of a running server: GPU memory (NVML), host RSS, /metrics, /version, requests.
 
-GPU memory is read per device and per process with NVML and summed over the server's process
-tree (the API server, `VLLM::EngineCore` and, with tensor parallelism, `Worker_TPn`). When NVML is
-unavailable (CI, no driver) the figures are null and the reason is recorded.
+Each reading returns its record (`compare.records`); `measure` gathers them into a mode's
+`Served`. GPU memory is read per device and per process with NVML and summed over the server's
+process tree (the API server, `VLLM::EngineCore` and, with tensor parallelism, `Worker_TPn`).
+When NVML is unavailable (CI, no driver) the figures are null and the reason is recorded.
 """
 
 from __future__ import annotations
@@ -11,12 +12,32 @@ import json
 import re
 import statistics
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from vllm_offload_doctor.compare.records import (
+    Answer,
+    AnswersMatched,
+    GpuDevice,
+    GpuProc,
+    GpuSnapshot,
+    HostRss,
+    KvMetrics,
+    Latency,
+    Pcie,
+    Process,
+    ProcRss,
+    Request,
+    Served,
+)
 from vllm_offload_doctor.machine.pcie import pcie_bandwidth_gbs
 from vllm_offload_doctor.machine.probes import GpuInfo, NvmlInfo, read_nvml
+
+if TYPE_CHECKING:
+    from vllm_offload_doctor.compare.config import CompareConfig
+    from vllm_offload_doctor.compare.server import ServerProcess
 
 MIB = 1024 * 1024
 UNAUTHORIZED = (
@@ -28,19 +49,19 @@ UNAUTHORIZED = (
 # ---------------------------------------------------------------------------- host RSS
 
 
-def host_rss(pids: list[int]) -> dict[str, Any]:
+def host_rss(pids: list[int]) -> HostRss:
     """Resident memory of each process in the tree and the sum, MiB."""
     import psutil
 
-    procs: list[dict[str, Any]] = []
+    procs: list[ProcRss] = []
     for pid in pids:
         try:
             p = psutil.Process(pid)
             rss = round(p.memory_info().rss / MIB, 1)
-            procs.append({"pid": pid, "name": p.name(), "rss_mib": rss})
+            procs.append(ProcRss(pid, p.name(), rss))
         except psutil.Error:
             continue
-    return {"total_mib": round(sum(p["rss_mib"] for p in procs), 1), "processes": procs}
+    return HostRss(round(sum(p.rss_mib for p in procs), 1), tuple(procs))
 
 
 def process_names(pids: list[int]) -> dict[int, str]:
@@ -58,7 +79,7 @@ def process_names(pids: list[int]) -> dict[int, str]:
 # ---------------------------------------------------------------------------- NVML
 
 
-def gpu_snapshot(pids: list[int], info: NvmlInfo | None = None) -> dict[str, Any]:
+def gpu_snapshot(pids: list[int], info: NvmlInfo | None = None) -> GpuSnapshot:
     """Per device: memory used/total, the tree's processes on it, PCIe link. Never raises.
 
     NVML is read by `probes.read_nvml`, the same reader `check` uses.
@@ -67,66 +88,58 @@ def gpu_snapshot(pids: list[int], info: NvmlInfo | None = None) -> dict[str, Any
         try:
             info = read_nvml()
         except Exception as exc:  # a broken pynvml must not end a measured run
-            return {"available": False, "reason": f"NVML unavailable: {exc}", "devices": []}
+            return _no_gpu(f"NVML unavailable: {exc}")
     if info.error:
-        return {"available": False, "reason": info.error, "devices": []}
+        return _no_gpu(info.error)
     tree = set(pids)
     names = process_names(pids)
     devices = []
     seen_any_process = False
     for g in info.gpus:
-        mine: list[dict[str, Any]] = []
+        mine: list[GpuProc] = []
         for p in g.processes:
             seen_any_process = True
             if p.pid in tree:
-                mine.append(
-                    {
-                        "pid": p.pid,
-                        "name": names.get(p.pid) or p.name,
-                        "used_mib": round(p.used_bytes / MIB) if p.used_bytes is not None else None,
-                    }
-                )
-        known = [m["used_mib"] for m in mine if m["used_mib"] is not None]
+                used = round(p.used_bytes / MIB) if p.used_bytes is not None else None
+                mine.append(GpuProc(p.pid, names.get(p.pid) or p.name, used))
+        known = [m.used_mib for m in mine if m.used_mib is not None]
         devices.append(
-            {
-                "index": g.index,
-                "name": g.name,
-                "used_mib": round(g.memory_used / MIB) if g.memory_used is not None else None,
-                "total_mib": round(g.memory_total / MIB) if g.memory_total is not None else None,
-                "tree_processes": mine,
-                "tree_used_mib": sum(known) if known else (0 if not mine else None),
-                "other_processes": len(g.processes) - len(mine),
-                "pcie": _pcie(g),
-            }
+            GpuDevice(
+                index=g.index,
+                name=g.name,
+                used_mib=round(g.memory_used / MIB) if g.memory_used is not None else None,
+                total_mib=round(g.memory_total / MIB) if g.memory_total is not None else None,
+                tree_processes=tuple(mine),
+                tree_used_mib=sum(known) if known else (0 if not mine else None),
+                other_processes=len(g.processes) - len(mine),
+                pcie=_pcie(g),
+            )
         )
-    used_by_tree = [d for d in devices if d["tree_processes"]]
+    used_by_tree = [d for d in devices if d.tree_processes]
     note = None
     if devices and seen_any_process and not used_by_tree:
         note = (
             "NVML lists compute processes but none of the server's pids: the server may run in "
             "another pid namespace (container); per-process figures are unavailable"
         )
-    return {
-        "available": True,
-        "reason": note,
-        "devices": devices,
-        "tree_used_mib": sum(d["tree_used_mib"] or 0 for d in devices) if used_by_tree else None,
-    }
+    return GpuSnapshot(
+        available=True,
+        reason=note,
+        devices=tuple(devices),
+        tree_used_mib=sum(d.tree_used_mib or 0 for d in devices) if used_by_tree else None,
+    )
 
 
-def _pcie(g: GpuInfo) -> dict[str, Any]:
+def _no_gpu(reason: str) -> GpuSnapshot:
+    return GpuSnapshot(available=False, reason=reason, devices=(), has_tree_total=False)
+
+
+def _pcie(g: GpuInfo) -> Pcie:
     cur_gen, cur_w, max_gen, max_w = g.pcie_gen, g.pcie_width, g.pcie_gen_max, g.pcie_width_max
     # Idle GPUs drop to a lower link generation; the bound uses the link's maximum.
     bw = pcie_bandwidth_gbs(max_gen, max_w) if max_gen and max_w else None
     cur_bw = pcie_bandwidth_gbs(cur_gen, cur_w) if cur_gen and cur_w else None
-    return {
-        "current_gen": cur_gen,
-        "current_width": cur_w,
-        "max_gen": max_gen,
-        "max_width": max_w,
-        "bandwidth_gbs": bw,
-        "current_bandwidth_gbs": cur_bw,
-    }
+    return Pcie(cur_gen, cur_w, max_gen, max_w, bw, cur_bw)
 
 
 # ---------------------------------------------------------------------------- /metrics
@@ -156,25 +169,19 @@ def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float | None]
 _USAGE_SERIES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
-def kv_metrics(text: str) -> dict[str, Any]:
+def kv_metrics(text: str) -> KvMetrics:
     """KV-cache figures from vLLM's /metrics: cache_config_info labels and usage."""
-    res: dict[str, Any] = {
-        "num_gpu_blocks": None,
-        "block_size": None,
-        "kv_cache_tokens": None,
-        "gpu_memory_utilization": None,
-        "kv_cache_usage_perc": None,
-    }
+    blocks = size = tokens = None
+    utilization = usage = None
     for name, labels, value in parse_prometheus(text):
         if name == "vllm:cache_config_info":
-            res["num_gpu_blocks"] = _int(labels.get("num_gpu_blocks"))
-            res["block_size"] = _int(labels.get("block_size"))
-            res["gpu_memory_utilization"] = _float(labels.get("gpu_memory_utilization"))
-            if res["num_gpu_blocks"] and res["block_size"]:
-                res["kv_cache_tokens"] = res["num_gpu_blocks"] * res["block_size"]
+            blocks, size = _int(labels.get("num_gpu_blocks")), _int(labels.get("block_size"))
+            utilization = _float(labels.get("gpu_memory_utilization"))
+            if blocks and size:
+                tokens = blocks * size
         elif name in _USAGE_SERIES and value is not None:
-            res["kv_cache_usage_perc"] = value
-    return res
+            usage = value
+    return KvMetrics(blocks, size, tokens, utilization, usage)
 
 
 def _int(v: str | None) -> int | None:
@@ -238,28 +245,39 @@ def _json(body: bytes) -> Any:
     return json.loads(body.decode("utf-8", "replace"))
 
 
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What /version and /metrics answered, and why one did not."""
+
+    version: str | None
+    metrics: KvMetrics | None
+    errors: tuple[str, ...]
+
+
 def fetch_info(
     base_url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None
-) -> dict[str, Any]:
+) -> ServerInfo:
     """GET /version and /metrics; errors are recorded, not raised."""
     import httpx
 
-    out: dict[str, Any] = {"version": None, "metrics": None, "errors": []}
+    version: str | None = None
+    metrics: KvMetrics | None = None
+    errors: list[str] = []
     with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers or {}) as c:
         try:
             status, body = bounded_get(c, f"{base_url}/version", timeout_s)
-            out["version"] = _json(body).get("version") if status == 200 else None
+            version = _json(body).get("version") if status == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError, AnswerBound) as exc:
-            out["errors"].append(f"/version: {exc}")
+            errors.append(f"/version: {exc}")
         try:
             status, body = bounded_get(c, f"{base_url}/metrics", timeout_s)
             if status == 200:
-                out["metrics"] = kv_metrics(body.decode("utf-8", "replace"))
+                metrics = kv_metrics(body.decode("utf-8", "replace"))
             else:
-                out["errors"].append(f"/metrics: HTTP {status}")
+                errors.append(f"/metrics: HTTP {status}")
         except (httpx.HTTPError, AnswerBound) as exc:
-            out["errors"].append(f"/metrics: {exc}")
-    return out
+            errors.append(f"/metrics: {exc}")
+    return ServerInfo(version, metrics, tuple(errors))
 
 
 # ---------------------------------------------------------------------------- requests
@@ -267,6 +285,8 @@ def fetch_info(
 
 @dataclass(slots=True)
 class RequestResult:
+    """One request as it is measured, unrounded (the statistics and the progress line read it)."""
+
     ok: bool
     status: int | None
     latency_s: float
@@ -280,13 +300,22 @@ class RequestResult:
     ttft_s: float | None = None
     itl_ms: list[float] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["latency_s"] = round(self.latency_s, 4)
-        if self.ttft_s is not None:
-            d["ttft_s"] = round(self.ttft_s, 4)
-        d["itl_ms"] = [round(x, 2) for x in self.itl_ms]
-        return d
+    def record(self) -> Request:
+        """The report's record: times rounded as report.json keeps them."""
+        return Request(
+            ok=self.ok,
+            status=self.status,
+            latency_s=round(self.latency_s, 4),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            has_choices=self.has_choices,
+            answer=self.answer,
+            matched=self.matched,
+            finish_reason=self.finish_reason,
+            error=self.error,
+            ttft_s=round(self.ttft_s, 4) if self.ttft_s is not None else None,
+            itl_ms=tuple(round(x, 2) for x in self.itl_ms),
+        )
 
 
 def answer_matches(answer: str | None, expect: list[str]) -> bool | None:
@@ -439,25 +468,27 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
         yield buf.rstrip(b"\r").decode("utf-8", "replace")
 
 
-def latency_stats(results: list[RequestResult]) -> dict[str, Any]:
+def latency_stats(results: list[RequestResult]) -> Latency:
     ok = [r for r in results if r.ok]
     lat = sorted(r.latency_s for r in ok)
-    out: dict[str, Any] = {"n": len(results), "ok": len(ok)}
     if not lat:
-        return out | {"median_s": None, "p95_s": None, "min_s": None, "mean_s": None}
-    out["median_s"] = round(statistics.median(lat), 4)
-    out["p95_s"] = round(percentile(lat, 95), 4)
-    out["min_s"] = round(lat[0], 4)
-    out["mean_s"] = round(statistics.fmean(lat), 4)
+        return Latency(n=len(results), ok=len(ok))
     tps = [r.completion_tokens / r.latency_s for r in ok if r.completion_tokens and r.latency_s > 0]
-    out["tokens_per_s"] = round(statistics.median(tps), 2) if tps else None
     toks = [r.completion_tokens for r in ok if r.completion_tokens is not None]
-    out["completion_tokens_median"] = statistics.median(toks) if toks else None
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
-    out["ttft_median_s"] = round(statistics.median(ttft), 4) if ttft else None
     itl = [x for r in ok for x in r.itl_ms]
-    out["itl_median_ms"] = round(statistics.median(itl), 2) if itl else None
-    return out
+    return Latency(
+        n=len(results),
+        ok=len(ok),
+        median_s=round(statistics.median(lat), 4),
+        p95_s=round(percentile(lat, 95), 4),
+        min_s=round(lat[0], 4),
+        mean_s=round(statistics.fmean(lat), 4),
+        tokens_per_s=round(statistics.median(tps), 2) if tps else None,
+        completion_tokens_median=statistics.median(toks) if toks else None,
+        ttft_median_s=round(statistics.median(ttft), 4) if ttft else None,
+        itl_median_ms=round(statistics.median(itl), 2) if itl else None,
+    )
 
 
 def percentile(sorted_values: list[float], pct: float) -> float:
@@ -468,3 +499,57 @@ def percentile(sorted_values: list[float], pct: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+# ---------------------------------------------------------------------------- a mode
+
+# (warm-up?, k, n, the result; None while request k is under way)
+OnRequest = Callable[[bool, int, int, RequestResult | None], None]
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def measure(
+    srv: ServerProcess,
+    cfg: CompareConfig,
+    api_key: str | None,
+    on_request: OnRequest | None = None,
+) -> Served:
+    """Measure a mode that is ready: processes, GPU, host RSS, /version, /metrics, the requests."""
+    import httpx
+
+    pids = srv.live_tree()
+    names = process_names(pids)
+    gpu = gpu_snapshot(pids)
+    rss = host_rss(pids)
+    info = fetch_info(srv.base_url(), headers=auth_headers(api_key))
+    url = f"{srv.base_url()}/v1/chat/completions"
+    body = cfg.request_body()
+    expect = cfg.expected_answers
+    warm: list[RequestResult] = []
+    measured: list[RequestResult] = []
+    with httpx.Client(trust_env=False, headers=auth_headers(api_key)) as client:
+        for n, results in ((cfg.warmup, warm), (cfg.repeats, measured)):
+            for k in range(1, n + 1):
+                if on_request:
+                    on_request(results is warm, k, n, None)
+                results.append(chat_request(client, url, body, expect, cfg.request_timeout_s))
+                if on_request:
+                    on_request(results is warm, k, n, results[-1])
+    answers = Counter(r.answer for r in measured if r.answer is not None)
+    checked = [r.matched for r in measured if r.matched is not None]
+    return Served(
+        processes=tuple(Process(p, names.get(p)) for p in pids),
+        gpu=gpu,
+        host_rss=rss,
+        server_version=info.version,
+        metrics=info.metrics,
+        info_errors=info.errors or None,
+        warmup_requests=tuple(r.record() for r in warm),
+        requests=tuple(r.record() for r in measured),
+        latency=latency_stats(measured),
+        answers=tuple(Answer(a, c) for a, c in answers.most_common(3)),
+        answers_matched=AnswersMatched(sum(checked), len(checked)),
+    )

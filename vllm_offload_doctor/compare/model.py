@@ -13,15 +13,12 @@ from typing import Any
 
 from vllm_offload_doctor.compare.hostmem import HostMemory
 from vllm_offload_doctor.compare.records import (
-    Answer,
-    AnswersMatched,
     GpuSnapshot,
-    HostRss,
     Json,
     Latency,
     LogFacts,
     ModeAnalysis,
-    Request,
+    Served,
     Stop,
     pack,
 )
@@ -56,53 +53,6 @@ class Role(StrEnum):
     BASELINE = "baseline"
     OFFLOAD = "offload"
     VERIFY_FIX = "verify_fix"  # the offload mode again, with the prescribed fix applied
-
-
-@dataclass(frozen=True, slots=True)
-class Process:
-    pid: int
-    name: str | None
-
-    def to_dict(self) -> Json:
-        return pack(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    """What was measured while a mode served (absent when it never became ready)."""
-
-    processes: tuple[Process, ...]
-    gpu: GpuSnapshot
-    host_rss: HostRss
-    server_version: str | None
-    metrics: Mapping[str, float | int | None] | None
-    info_errors: tuple[str, ...] | None
-    warmup_requests: tuple[Request, ...]
-    requests: tuple[Request, ...]
-    latency: Latency
-    answers: tuple[Answer, ...]
-    answers_matched: AnswersMatched
-
-    def to_dict(self) -> Json:
-        return pack(self, ("info_errors",))
-
-    @classmethod
-    def from_dict(cls, d: Json) -> Served:
-        am = d.get("answers_matched") or {}
-        errors = d.get("info_errors")
-        return cls(
-            processes=tuple(Process(p["pid"], p.get("name")) for p in d.get("processes") or []),
-            gpu=GpuSnapshot.from_dict(d.get("gpu") or {}),
-            host_rss=HostRss.from_dict(d.get("host_rss") or {}),
-            server_version=d.get("server_version"),
-            metrics=d.get("metrics"),
-            info_errors=tuple(errors) if errors is not None else None,
-            warmup_requests=tuple(Request.from_dict(r) for r in d.get("warmup_requests") or []),
-            requests=tuple(Request.from_dict(r) for r in d.get("requests") or []),
-            latency=Latency.from_dict(d.get("latency") or {"n": 0, "ok": 0}),
-            answers=tuple(Answer(a["answer"], a["count"]) for a in d.get("answers") or []),
-            answers_matched=AnswersMatched(am.get("matched", 0), am.get("checked", 0)),
-        )
 
 
 @dataclass(frozen=True, slots=True)

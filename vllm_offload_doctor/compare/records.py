@@ -1,7 +1,9 @@
 """Typed measurement records of one mode (GPU, host RSS, requests, latency, log facts).
 
-Each record's `to_dict()` writes the report.json schema 1 keys in their historical order and
-`from_dict()` reads them back; values are kept as read so a round trip is byte-identical.
+`compare.measure` builds these records directly. Each record's `to_dict()` writes the
+report.json schema 1 keys in their historical order (the JSON renderer's job); `from_dict()` only
+reads a saved report back (`CompareReport.from_dict`), values kept as read so a round trip is
+byte-identical.
 """
 
 from __future__ import annotations
@@ -221,6 +223,72 @@ class AnswersMatched:
 
     def to_dict(self) -> Json:
         return pack(self)
+
+
+@dataclass(frozen=True, slots=True)
+class KvMetrics:
+    """The KV-cache figures of vLLM's /metrics (`vllm:cache_config_info` labels and usage)."""
+
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_usage_perc: float | None = None
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> KvMetrics:
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    pid: int
+    name: str | None
+
+    def to_dict(self) -> Json:
+        return pack(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What was measured while a mode served (absent when it never became ready)."""
+
+    processes: tuple[Process, ...]
+    gpu: GpuSnapshot
+    host_rss: HostRss
+    server_version: str | None
+    metrics: KvMetrics | None
+    info_errors: tuple[str, ...] | None
+    warmup_requests: tuple[Request, ...]
+    requests: tuple[Request, ...]
+    latency: Latency
+    answers: tuple[Answer, ...]
+    answers_matched: AnswersMatched
+
+    def to_dict(self) -> Json:
+        return pack(self, ("info_errors",))
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Served:
+        am = d.get("answers_matched") or {}
+        errors = d.get("info_errors")
+        metrics = d.get("metrics")
+        return cls(
+            processes=tuple(Process(p["pid"], p.get("name")) for p in d.get("processes") or []),
+            gpu=GpuSnapshot.from_dict(d.get("gpu") or {}),
+            host_rss=HostRss.from_dict(d.get("host_rss") or {}),
+            server_version=d.get("server_version"),
+            metrics=KvMetrics.from_dict(metrics) if isinstance(metrics, dict) else None,
+            info_errors=tuple(errors) if errors is not None else None,
+            warmup_requests=tuple(Request.from_dict(r) for r in d.get("warmup_requests") or []),
+            requests=tuple(Request.from_dict(r) for r in d.get("requests") or []),
+            latency=Latency.from_dict(d.get("latency") or {"n": 0, "ok": 0}),
+            answers=tuple(Answer(a["answer"], a["count"]) for a in d.get("answers") or []),
+            answers_matched=AnswersMatched(am.get("matched", 0), am.get("checked", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,8 +134,7 @@ def rows(report: CompareReport) -> tuple[list[str], list[list[str]]]:
 def _tokens(m: ModeResult) -> str:
     t = _facts(m).kv_cache_tokens
     if t is None and m.served and m.served.metrics:
-        value = m.served.metrics.get("kv_cache_tokens")
-        t = int(value) if value is not None else None
+        t = m.served.metrics.kv_cache_tokens
     return "-" if t is None else f"{t:,}"
 
 

@@ -41,7 +41,7 @@ from vllm_offload_doctor.compare.hostmem import (
     host_spared,
 )
 from vllm_offload_doctor.compare.logscan import read_mode_log
-from vllm_offload_doctor.compare.measurement import measure
+from vllm_offload_doctor.compare.measure import measure
 from vllm_offload_doctor.compare.model import (
     CompareReport,
     CompareStatus,
@@ -538,7 +538,7 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
 def _request_failure(served: object) -> str:
     from collections import Counter
 
-    from vllm_offload_doctor.compare.model import Served
+    from vllm_offload_doctor.compare.records import Served
 
     assert isinstance(served, Served)
     errors = Counter(r.error for r in served.requests)

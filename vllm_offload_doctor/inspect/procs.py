@@ -294,7 +294,7 @@ def fetch_http(base_url: str, api_key: str | None, timeout_s: float = 3.0) -> Ht
                 elif path == "/version":
                     out.version = r.json().get("version")
                 else:
-                    out.kv_cache_tokens = kv_metrics(r.text).get("kv_cache_tokens")
+                    out.kv_cache_tokens = kv_metrics(r.text).kv_cache_tokens
             except (ValueError, AttributeError):
                 out.errors.append(f"{path}: unreadable answer")
     return out
