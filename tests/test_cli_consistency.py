@@ -130,7 +130,7 @@ def test_compare_format_choices_are_its_renderer_registry() -> None:
 class _FinishedRun:
     """compare's run replaced by a finished one (a real H200 report): the CLI alone is tested."""
 
-    def __init__(self, cfg: object, progress: object = None) -> None:
+    def __init__(self, cfg: object, progress: object = None, **_: object) -> None:
         from vllm_offload_doctor.compare.model import CompareReport
 
         self.cfg = cfg

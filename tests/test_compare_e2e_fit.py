@@ -376,6 +376,7 @@ def test_full_disk_mid_run_keeps_partial_results(
 
     from vllm_offload_doctor.compare import artifacts as art
     from vllm_offload_doctor.compare.config import CompareConfig
+    from vllm_offload_doctor.compare.render import report_files
     from vllm_offload_doctor.compare.run import CompareRun
 
     marker = uuid.uuid4().hex
@@ -400,7 +401,7 @@ def test_full_disk_mid_run_keeps_partial_results(
         grace_s=3,
         out_dir=tmp_path / "run",
     )
-    run = CompareRun(cfg)
+    run = CompareRun(cfg, files=report_files)
     try:
         with pytest.raises(art.WriteError, match="No space left on device"):
             run.execute()

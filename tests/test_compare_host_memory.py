@@ -21,7 +21,7 @@ from vllm_offload_doctor.compare.hostmem import (
     largest_fitting,
     summarize,
 )
-from vllm_offload_doctor.compare.render import render_markdown, render_text
+from vllm_offload_doctor.compare.render import render_markdown, render_text, report_files
 from vllm_offload_doctor.compare.run import CompareRun
 
 FAKE = Path(__file__).resolve().parent / "fake-vllm"
@@ -68,7 +68,7 @@ def run(
         timeout_s=60,
         grace_s=2,
     )
-    r = CompareRun(cfg, progress=io.StringIO(), host_probe=probe)  # type: ignore[arg-type]
+    r = CompareRun(cfg, progress=io.StringIO(), host_probe=probe, files=report_files)  # type: ignore[arg-type]
     r.execute()
     return r
 

@@ -13,6 +13,7 @@ import pytest
 from vllm_offload_doctor.compare.artifacts import WriteError, atomic_write, save_scrubbed_log
 from vllm_offload_doctor.compare.config import CompareConfig
 from vllm_offload_doctor.compare.logmirror import LogMirror
+from vllm_offload_doctor.compare.render import report_files
 from vllm_offload_doctor.compare.run import CompareRun
 
 FAKE = Path(__file__).resolve().parent / "fake-vllm"
@@ -63,7 +64,7 @@ def test_an_out_that_is_a_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "out").symlink_to(real)
     cfg = CompareConfig(vllm_cmd=[sys.executable, str(FAKE)], out_dir=tmp_path / "out")
     with pytest.raises(WriteError, match="symbolic link"):
-        CompareRun(cfg, progress=io.StringIO()).execute()
+        CompareRun(cfg, progress=io.StringIO(), files=report_files).execute()
     assert list(real.iterdir()) == []
 
 
@@ -84,7 +85,7 @@ def test_report_json_is_there_from_the_first_moment(
     monkeypatch.setattr(artifacts, "sweep_raw_dirs", sweep)
     cfg = CompareConfig(vllm_cmd=[sys.executable, str(FAKE)], out_dir=tmp_path / "out")
     with pytest.raises(KeyboardInterrupt):
-        CompareRun(cfg, progress=io.StringIO()).execute()
+        CompareRun(cfg, progress=io.StringIO(), files=report_files).execute()
     assert seen and seen[0]["complete"] is False and seen[0]["modes"] == []
 
 
@@ -117,7 +118,7 @@ def test_report_json_shows_a_ready_mode_while_it_is_measured(
         grace_s=2,
         out_dir=tmp_path / "out",
     )
-    CompareRun(cfg, progress=io.StringIO()).execute()
+    CompareRun(cfg, progress=io.StringIO(), files=report_files).execute()
     assert [m["status"] for m in seen] == ["starting", "starting"]
     assert all(isinstance(m.get("startup_s"), float) for m in seen)  # saved before measuring
 

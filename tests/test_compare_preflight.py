@@ -14,6 +14,7 @@ from test_compare_e2e import mode, run_compare
 
 from vllm_offload_doctor.compare.config import DEFAULT_TIMEOUT_S, CompareConfig
 from vllm_offload_doctor.compare.preflight import run_preflight
+from vllm_offload_doctor.compare.render import report_files
 from vllm_offload_doctor.compare.run import CompareRun, HostTooSmallError
 from vllm_offload_doctor.machine.fit import GIB, model_shape
 from vllm_offload_doctor.machine.modelsize import ModelSize
@@ -107,7 +108,7 @@ def test_strict_stops_before_any_server_starts(tmp_path: Path) -> None:
         out_dir=tmp_path / "run",
         strict=True,
     )
-    r = CompareRun(c, progress=io.StringIO(), machine=machine)
+    r = CompareRun(c, progress=io.StringIO(), machine=machine, files=report_files)
     with pytest.raises(HostTooSmallError, match="cannot hold --cpu-offload-gb 112"):
         r.execute()
     assert r.report.modes == ()  # nothing was started
@@ -180,7 +181,7 @@ def test_each_mode_waits_the_timeout_of_its_own_offload(
         grace_s=2,
         out_dir=tmp_path / "run",
     )
-    r = CompareRun(c, progress=io.StringIO(), machine=Machine())
+    r = CompareRun(c, progress=io.StringIO(), machine=Machine(), files=report_files)
     r.execute()
     off = r.report.modes[1]
     assert off.status == "timeout"

@@ -24,7 +24,7 @@ from vllm_offload_doctor.compare.config import (
     DEFAULT_TIMEOUT_S,
     TIMEOUT_PER_OFFLOADED_S,
 )
-from vllm_offload_doctor.compare.render import RENDERERS
+from vllm_offload_doctor.compare.render import RENDERERS, report_files
 from vllm_offload_doctor.output.formats import OutputFormat
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ def compare(
     if exposed:
         click.echo(f"offload-doctor: warning: {exposed}", err=True)
 
-    run = CompareRun(cfg, progress=None if quiet else sys.stderr)
+    run = CompareRun(cfg, progress=None if quiet else sys.stderr, files=report_files)
     try:
         with sigterm_as_interrupt():
             status = run.execute()

@@ -1,13 +1,16 @@
 """Render a `CompareReport` as text (stdout), markdown (report.md) or JSON (report.json).
 
-`RENDERERS` is compare's registry: its keys are `--format`'s choices (a test keeps every one
-rendering). Only text is coloured, through `color.paint`, as check and analyze do.
+`RENDERERS` is compare's registry, one `CompareRenderer` per format of
+`output.formats.FORMATS["compare"]` (tests/test_formats.py keeps the two equal);
+`report_files` is what a run saves. Only text is coloured, through `color.paint`, as check and
+analyze do.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Protocol
 
 from vllm_offload_doctor.compare.model import CompareReport, CompareStatus, ModeResult, Role
 from vllm_offload_doctor.compare.records import GpuDevice, LogFacts
@@ -261,10 +264,27 @@ def render_json(report: CompareReport, out_dir: str | None = None, *, color: boo
     return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
 
-Renderer = Callable[..., str]  # (report, out_dir, *, color) -> the text for stdout
+class CompareRenderer(Protocol):
+    """A `compare` format: the report for stdout; `out_dir` is named under the text verdict."""
 
-RENDERERS: dict[OutputFormat, Renderer] = {
+    def __call__(
+        self, report: CompareReport, out_dir: str | None = None, *, color: bool = False
+    ) -> str: ...
+
+
+RENDERERS: dict[OutputFormat, CompareRenderer] = {
     OutputFormat.TEXT: render_text,
     OutputFormat.JSON: render_json,
     OutputFormat.MARKDOWN: render_markdown,
 }
+
+
+def report_files(report: CompareReport) -> dict[str, str]:
+    """The report as the run folder keeps it, rewritten after every step of a run."""
+    from vllm_offload_doctor.compare.html import render_compare_html
+
+    return {
+        "report.json": render_json(report).removesuffix("\n"),  # saved without the last newline
+        "report.md": render_markdown(report),
+        "report.html": render_compare_html(report),
+    }

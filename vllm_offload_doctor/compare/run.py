@@ -14,6 +14,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -94,8 +95,16 @@ def report_config(cfg: CompareConfig) -> ReportConfig:
     )
 
 
+# The report's files in the run folder (name -> text), rendered by the command's renderer.
+ReportFiles = Callable[[CompareReport], Mapping[str, str]]
+
+
 class CompareRun:
-    """Runs every mode in turn and keeps the report up to date and on disk after every step."""
+    """Runs every mode in turn and keeps the report up to date and on disk after every step.
+
+    The run only produces the report; `files` (compare.render.report_files) renders what is
+    saved of it, and the CLI renders what it prints.
+    """
 
     def __init__(
         self,
@@ -103,8 +112,11 @@ class CompareRun:
         progress: TextIO | None = None,
         host_probe: HostProbe | None = None,
         machine: MachineProbe | None = None,
+        *,
+        files: ReportFiles,
     ) -> None:
         self.cfg = cfg
+        self.files = files
         self.host_probe = host_probe
         self.machine = machine
         self.progress = progress
@@ -133,16 +145,8 @@ class CompareRun:
         return index
 
     def write(self) -> None:
-        import json
-
-        from vllm_offload_doctor.compare.render import render_markdown
-
-        text = json.dumps(self.report.to_dict(), indent=2, ensure_ascii=False)
-        art.atomic_write(self.out / "report.json", text)
-        art.atomic_write(self.out / "report.md", render_markdown(self.report))
-        from vllm_offload_doctor.compare.html import render_compare_html
-
-        art.atomic_write(self.out / "report.html", render_compare_html(self.report))
+        for name, text in self.files(self.report).items():
+            art.atomic_write(self.out / name, text)
 
     def _say(self, message: str) -> None:
         if self.progress is not None:
