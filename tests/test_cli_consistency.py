@@ -15,14 +15,14 @@ import pytest
 from click.testing import CliRunner
 from test_checks import FakeProbe
 
-from vllm_offload_doctor.analyze.cli import FORMATS, analyze
+from vllm_offload_doctor.analyze.cli import analyze
 from vllm_offload_doctor.analyze.render import RENDERERS, Renderer
 from vllm_offload_doctor.analyze.rules import load_rules
 from vllm_offload_doctor.cli import cli
 from vllm_offload_doctor.errors import RuleFileError
 from vllm_offload_doctor.machine import probes
 from vllm_offload_doctor.output.color import paint, use_color
-from vllm_offload_doctor.output.formats import ELLIPSIS, OutputFormat, shorten
+from vllm_offload_doctor.output.formats import ELLIPSIS, FORMATS, OutputFormat, shorten
 
 ROOT = Path(__file__).resolve().parent.parent
 IGNORED_LOG = ROOT / "fixtures/logs/offload-ignored-v2-0.25.1.log"
@@ -107,7 +107,8 @@ def test_check_colour_follows_the_same_rules(
 def test_analyze_format_choices_are_its_renderer_registry() -> None:
     option = next(p for p in analyze.params if p.name == "fmt")
     assert isinstance(option.type, click.Choice)
-    assert list(FORMATS) == list(RENDERERS) == [OutputFormat(c) for c in option.type.choices]
+    choices = [OutputFormat(c) for c in option.type.choices]
+    assert list(FORMATS["analyze"]) == list(RENDERERS) == choices
 
 
 @pytest.mark.parametrize("fmt", list(RENDERERS))

@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,14 +20,14 @@ import click.shell_completion
 
 from vllm_offload_doctor.errors import OutputError
 from vllm_offload_doctor.output.color import use_color
-from vllm_offload_doctor.output.formats import OutputFormat, ordered
+from vllm_offload_doctor.output.formats import FORMATS, OutputFormat
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def format_option(formats: Iterable[OutputFormat], help_text: str = "") -> Callable[[F], F]:
-    """`--format`, its choices the keys of the command's renderer registry; passes an OutputFormat."""
-    choices = [f.value for f in ordered(formats)]
+def format_option(command: str, help_text: str = "") -> Callable[[F], F]:
+    """`--format`, its choices the formats `command` offers (`FORMATS`); passes an OutputFormat."""
+    choices = [f.value for f in FORMATS[command]]
     return click.option(
         "--format",
         "fmt",

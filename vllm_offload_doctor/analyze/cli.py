@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,18 +24,6 @@ from vllm_offload_doctor.output.formats import OutputFormat
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from vllm_offload_doctor.analyze import rule_view
-    from vllm_offload_doctor.analyze.rules import Rule
-
-# analyze's --format choices: the keys of render.RENDERERS (a test keeps the two equal), listed
-# here so that `offload-doctor --help` does not import the renderer.
-FORMATS = (
-    OutputFormat.TEXT,
-    OutputFormat.JSON,
-    OutputFormat.JSONL,
-    OutputFormat.MARKDOWN,
-    OutputFormat.HTML,
-)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -69,7 +56,7 @@ def rule_dirs_option(help_text: str) -> Callable[[F], F]:
 @click.command("analyze", short_help="Name the root cause in vLLM server logs.")
 @click.argument("paths", nargs=-1, required=True, shell_complete=complete_path)
 @format_option(
-    FORMATS, "markdown is a reply to paste into an issue; several inputs end with a triage table."
+    "analyze", "markdown is a reply to paste into an issue; several inputs end with a triage table."
 )
 @rule_dirs_option("Directory of extra rule files (TOML); may be repeated.")
 @click.option(
@@ -212,7 +199,7 @@ def analyze(
     "Directory of extra rule files (TOML) to list with the built-in ones; may be repeated."
 )
 @format_option(
-    (OutputFormat.TEXT, OutputFormat.JSON, OutputFormat.MARKDOWN),
+    "rules",
     "markdown: the rule table as the README shows it, or each rule explained.",
 )
 @output_option()
@@ -240,129 +227,11 @@ def rules(
     """
     from vllm_offload_doctor.analyze import rule_view
     from vllm_offload_doctor.analyze.rules import load_rules
+    from vllm_offload_doctor.analyze.rules_render import RENDERERS
 
     loaded = load_rules(rule_dirs)
     chosen = rule_view.select(loaded, rule_ids) if rule_ids else None
     out = Output(fmt, output, quiet=quiet)
-    out.report(lambda f, _color: _rules_doc(loaded, chosen, f, verbose), nl=False)
+    out.report(lambda f, _color: RENDERERS[f](loaded, chosen, verbose=verbose), nl=False)
     out.close()
     return exitcodes.OK
-
-
-def _rules_doc(
-    loaded: list[Rule], chosen: list[Rule] | None, fmt: OutputFormat, verbose: bool
-) -> str:
-    """The rule list (`chosen` None) or the chosen rules explained, in `fmt`, ending in a newline."""
-    from vllm_offload_doctor.analyze import rule_view
-
-    if chosen is None:
-        if fmt is OutputFormat.JSON:
-            cat = _catalogue()
-            listed = [_rule_dict(r) | _sources(r, None, cat) for r in loaded]
-            return json.dumps(listed, indent=2, ensure_ascii=False) + "\n"
-        if fmt is OutputFormat.MARKDOWN:
-            return rule_view.markdown_table(loaded)
-        return _rule_table(loaded) + "\n"
-    cat = _catalogue()
-    if fmt is OutputFormat.JSON:
-        docs = [_rule_dict(r) | _sources(r, None, cat) for r in chosen]
-        return json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, ensure_ascii=False) + "\n"
-    parts = []
-    for r in chosen:
-        if fmt is OutputFormat.MARKDOWN:
-            parts.append(rule_view.markdown_rule(r, _user_sources(r, cat)))
-        elif verbose:
-            parts.append(_author_view(r, cat))
-        else:
-            parts.append(rule_view.user_text(r, _user_sources(r, cat)))
-    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
-
-
-def _author_view(r: Rule, cat: object) -> str:
-    lines = [
-        f"{r.id} ({r.name}): {r.title}",
-        f"  category:   {r.category.value}    severity: {r.severity.value}    precedence: {r.precedence}",
-        f"  message:    {r.message}",
-        f"  remedy:     {r.remedy}",
-    ]
-    lines += [f"  pattern:    {p.pattern}" for p in r.patterns]
-    for kind, conds in (("all", r.all), ("any", r.any), ("absent", r.absent)):
-        if conds:
-            lines.append(f"  when {kind}: " + "; ".join(c.text for c in conds))
-    lines += [f"  link:       {link}" for link in r.links]
-    lines.append(f"  file:       {r.source}")
-    _sources(r, lines, cat)
-    return "\n".join(lines)
-
-
-def _user_sources(r: Rule, cat: object, limit: int = 6) -> list[rule_view.Source]:
-    """The vLLM messages behind a rule: those it cites, else those its patterns match."""
-    from vllm_offload_doctor.analyze import catalogue, rule_view
-
-    if not isinstance(cat, catalogue.Catalogue):
-        return []
-    found = [m for c in catalogue.cited(r, cat) for m, _ in c.found]
-    if not found:
-        found = [m for m, _ in catalogue.cite(r, cat).messages]
-    return [
-        rule_view.Source(m.kind, m.type, m.template, m.where(), m.span()) for m in found[:limit]
-    ]
-
-
-def _catalogue() -> object:
-    """The catalogue, or the error that names why it cannot be read."""
-    from vllm_offload_doctor.analyze import catalogue
-
-    try:
-        return catalogue.load()
-    except catalogue.CatalogueError as exc:
-        return exc
-
-
-def _sources(r: object, lines: list[str] | None, cat: object = None) -> dict[str, object]:
-    """The catalogued vLLM messages a rule matches: appended to `lines`, or as a JSON entry."""
-    from vllm_offload_doctor.analyze import catalogue
-    from vllm_offload_doctor.analyze.rules import Rule
-
-    assert isinstance(r, Rule)
-    cat = _catalogue() if cat is None else cat
-    if not isinstance(cat, catalogue.Catalogue):
-        if lines is not None:
-            lines.append(f"  vLLM source: unavailable ({cat})")
-        return {"vllm_source": None}
-    cited = catalogue.cite(r, cat)
-    if lines is not None:
-        lines += catalogue.text_lines(r, cited, cat)
-    return {"vllm_source": catalogue.as_dict(r, cited, cat)}
-
-
-def _rule_table(loaded: list[Rule]) -> str:
-    """One line per rule, highest precedence first, every column as wide as its longest cell."""
-    rows = [
-        (r.id, r.category.value, r.severity.value, r.title)
-        for r in sorted(loaded, key=lambda r: (-r.precedence, r.id))
-    ]
-    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)) + "  " + row[3]
-        for row in rows
-    )
-
-
-def _rule_dict(r: object) -> dict[str, object]:
-    from vllm_offload_doctor.analyze.rules import Rule
-
-    assert isinstance(r, Rule)
-    return {
-        "id": r.id,
-        "name": r.name,
-        "title": r.title,
-        "category": r.category.value,
-        "severity": r.severity.value,
-        "precedence": r.precedence,
-        "patterns": [p.pattern for p in r.patterns],
-        "when": {k: [c.text for c in getattr(r, k)] for k in ("all", "any", "absent")},
-        "message": r.message,
-        "remedy": r.remedy,
-        "links": list(r.links),
-    }

@@ -1,7 +1,8 @@
-"""Render `analyze` results: text, json, jsonl and markdown, one registry entry per format.
+"""Render `analyze` results: text, json, jsonl, markdown and html, one registry entry per format.
 
-`RENDERERS` maps each `OutputFormat` to a `Format`: what to print for each log as it is analysed
-(`item`), and what to print once at the end (`end`). The CLI's `--format` choices are its keys.
+`RENDERERS` maps each format of `output.formats.FORMATS["analyze"]` to a `Format`: what to print
+for each log as it is analysed (an `ItemRenderer`), and what to print once at the end (an
+`EndRenderer`). tests/test_formats.py keeps the registry and the declared formats equal.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import json
 import textwrap
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from vllm_offload_doctor.analyze.model import Analysis, Category, Evidence, RankOffload
 from vllm_offload_doctor.analyze.normalize import parse
@@ -382,12 +383,26 @@ class JsonStream:
         )
 
 
+class ItemRenderer(Protocol):
+    """What a format prints for one log as soon as it is analysed (`several`: one of many)."""
+
+    def __call__(self, r: Renderer, analysis: Analysis, several: bool, /) -> str: ...
+
+
+class EndRenderer(Protocol):
+    """What a format prints once every log is analysed, with the inputs that could not be read."""
+
+    def __call__(
+        self, r: Renderer, analyses: Sequence[Analysis], errors: Sequence[str], several: bool, /
+    ) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Format:
     """One output format: text per log as it is analysed, and text once at the end."""
 
-    item: Callable[[Renderer, Analysis, bool], str] | None = None
-    end: Callable[[Renderer, Sequence[Analysis], Sequence[str], bool], str] | None = None
+    item: ItemRenderer | None = None
+    end: EndRenderer | None = None
 
 
 def _text_item(r: Renderer, a: Analysis, several: bool) -> str:
@@ -398,7 +413,7 @@ def _markdown_item(r: Renderer, a: Analysis, several: bool) -> str:
     return r.markdown(a) + "\n"
 
 
-def _table(markdown: bool) -> Callable[[Renderer, Sequence[Analysis], Sequence[str], bool], str]:
+def _table(markdown: bool) -> EndRenderer:
     def end(r: Renderer, analyses: Sequence[Analysis], errors: Sequence[str], several: bool) -> str:
         return r.triage_table(analyses, errors, markdown=markdown) if several else ""
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from vllm_offload_doctor.checks.render import RENDERERS
 from vllm_offload_doctor.common_cli import (
     Output,
     color_option,
@@ -89,7 +88,7 @@ from vllm_offload_doctor.output.formats import OutputFormat
     "--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to test."
 )
 @format_option(
-    RENDERERS,
+    "check",
     "markdown is a paste-ready block for a bug report (no secrets, user or host names).",
 )
 @color_option()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from typing import Protocol
 
 from vllm_offload_doctor.checks import CheckResult, Report, Status
 from vllm_offload_doctor.output.color import paint
@@ -113,9 +113,14 @@ def _md_details(c: CheckResult) -> list[str]:
     return out
 
 
-Renderer = Callable[..., str]
+class CheckRenderer(Protocol):
+    """A `check` format: the report; -v adds each check's details and links."""
 
-RENDERERS: dict[OutputFormat, Renderer] = {
+    def __call__(self, report: Report, *, verbose: bool = False, color: bool = False) -> str: ...
+
+
+# One per format of output.formats.FORMATS["check"] (tests/test_formats.py).
+RENDERERS: dict[OutputFormat, CheckRenderer] = {
     OutputFormat.TEXT: render_text,
     OutputFormat.JSON: render_json,
     OutputFormat.MARKDOWN: render_markdown,

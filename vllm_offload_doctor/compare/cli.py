@@ -174,7 +174,7 @@ if TYPE_CHECKING:
     help="Stop before any server starts when the preflight finds the host cannot hold an "
     "offload mode (exit 2).",
 )
-@format_option(RENDERERS, "Report format on stdout (progress goes to stderr).")
+@format_option("compare", "Report format on stdout (progress goes to stderr).")
 @color_option()
 @output_option()
 @quiet_option()

@@ -272,6 +272,7 @@ class CompareRenderer(Protocol):
     ) -> str: ...
 
 
+# One per format of output.formats.FORMATS["compare"] (tests/test_formats.py).
 RENDERERS: dict[OutputFormat, CompareRenderer] = {
     OutputFormat.TEXT: render_text,
     OutputFormat.JSON: render_json,

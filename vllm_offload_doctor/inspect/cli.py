@@ -148,7 +148,7 @@ def _link(facts: ServerFacts, gpus: list[Gpu]) -> tuple[int | None, int | None]:
     help="Bearer key for /v1/models (default: the server's own --api-key, else VLLM_API_KEY).",
 )
 @click.option("--no-http", is_flag=True, help="Do not query /v1/models, /version, /metrics.")
-@format_option(RENDERERS)
+@format_option("inspect")
 @output_option()
 @quiet_option()
 @verbose_option("Name on stderr each process read (server and ranks).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
+from typing import Protocol
 
 from vllm_offload_doctor.inspect.model import Inspection, Verdict
 from vllm_offload_doctor.output.formats import SCHEMA_VERSION, OutputFormat
@@ -89,7 +89,14 @@ def render_markdown(results: list[Inspection]) -> str:
     return "\n".join(out)
 
 
-RENDERERS: dict[OutputFormat, Callable[[list[Inspection]], str]] = {
+class InspectRenderer(Protocol):
+    """An `inspect` format: one section per server inspected."""
+
+    def __call__(self, results: list[Inspection]) -> str: ...
+
+
+# One per format of output.formats.FORMATS["inspect"] (tests/test_formats.py).
+RENDERERS: dict[OutputFormat, InspectRenderer] = {
     OutputFormat.TEXT: render_text,
     OutputFormat.JSON: render_json,
     OutputFormat.MARKDOWN: render_markdown,

@@ -1,14 +1,17 @@
-"""The output formats every command chooses from, their schema version, and the text helpers their renderers share.
+"""The output formats, the ones each command offers, their schema version, and the text helpers
+their renderers share.
 
-Each command keeps one registry `RENDERERS: dict[OutputFormat, ...]` beside its renderers; its
-`--format` choices are that registry's keys (`common_cli.format_option`), so a format exists for a
-command exactly when it has a renderer there, and a test per command checks each one renders.
+`FORMATS` is the one list of what each command offers: its `--format` choices
+(`common_cli.format_option`). Each command keeps a registry `RENDERERS: dict[OutputFormat, P]`
+beside its renderers, `P` the command's renderer Protocol; tests/test_formats.py fails while a
+declared format has no renderer there, or a renderer has not the Protocol's signature.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 
 ELLIPSIS = "…"
 
@@ -26,10 +29,19 @@ class OutputFormat(StrEnum):
     HTML = "html"
 
 
-def ordered(formats: Iterable[OutputFormat]) -> list[OutputFormat]:
-    """The formats in the enum's order (text first: the default)."""
-    wanted = set(formats)
-    return [f for f in OutputFormat if f in wanted]
+_TEXT, _JSON, _JSONL, _MARKDOWN, _HTML = OutputFormat
+
+# What each command offers, in --format's order; text first, the default. A format is added
+# here, then its renderer in the registry of each command that offers it.
+FORMATS: Mapping[str, tuple[OutputFormat, ...]] = MappingProxyType(
+    {
+        "analyze": (_TEXT, _JSON, _JSONL, _MARKDOWN, _HTML),
+        "check": (_TEXT, _JSON, _MARKDOWN),
+        "compare": (_TEXT, _JSON, _MARKDOWN),
+        "inspect": (_TEXT, _JSON, _MARKDOWN),
+        "rules": (_TEXT, _JSON, _MARKDOWN),
+    }
+)
 
 
 def shorten(text: str, limit: int) -> str:
