@@ -54,3 +54,18 @@ def test_every_format_has_a_renderer_and_renders() -> None:
         out = render(report, "/out")
         assert report.verdict.finding.title in out, name
     assert json.loads(RENDERERS["json"](report, None)) == report.to_dict()
+
+
+@pytest.mark.parametrize(
+    "run", [r for r in RUNS if (r / "report.md").exists()], ids=lambda p: p.name
+)
+def test_the_saved_files_are_the_renderers_output(run: Path) -> None:
+    from vllm_offload_doctor.compare.html import render_compare_html
+    from vllm_offload_doctor.compare.render import report_files
+
+    report = CompareReport.from_dict(json.loads((run / "report.json").read_text()))
+    files = report_files(report)
+    assert list(files) == ["report.json", "report.md", "report.html"]  # the order they are saved
+    assert files["report.json"] == (run / "report.json").read_text(encoding="utf-8")
+    assert files["report.md"] == (run / "report.md").read_text(encoding="utf-8")
+    assert files["report.html"] == render_compare_html(report)
