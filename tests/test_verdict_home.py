@@ -1,0 +1,68 @@
+"""Each truth once: the verdict lives in analyze/verdict.py, and facts and figures have one source."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from vllm_offload_doctor.analyze import verdict
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vllm_offload_doctor"
+ENGINE = PACKAGE / "analyze" / "engine.py"
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_the_engine_makes_no_decision() -> None:
+    # engine.py streams and hands what it saw to verdict.judge: it builds no verdict, finding or
+    # offload status, and names no severity or offload status.
+    tree = _tree(ENGINE)
+    built = [
+        f"line {n.lineno}: {n.func.id}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in {"Verdict", "Finding", "Offload", "Analysis"}
+    ]
+    named = [
+        f"line {n.lineno}: {n.id}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and n.id in {"OffloadStatus", "Severity"}
+    ]
+    assert built == [] and named == []
+
+
+def test_the_engine_defines_none_of_the_verdicts_steps() -> None:
+    steps = {n for n, v in vars(verdict).items() if callable(v) and not isinstance(v, type)}
+    defined = {
+        n.name
+        for n in ast.walk(_tree(ENGINE))
+        if isinstance(n, ast.FunctionDef) and n.name.lstrip("_") in steps
+    }
+    assert defined == set()
+
+
+def test_the_docstring_names_every_step_and_each_exists() -> None:
+    doc = verdict.__doc__ or ""
+    named = set(re.findall(r"`(\w+)`", doc)) - {"Observed", "Clues", "judge", "precedence"}
+    assert {"rule_findings", "with_frame", "raise_finding", "choose", "offload_of"} <= named
+    missing = [n for n in named if not hasattr(verdict, n)]
+    assert missing == []
+    # judge runs the numbered steps in the docstring's order
+    order = re.findall(r"# (\d+)\n", Path(verdict.__file__).read_text(encoding="utf-8"))
+    assert [int(n) for n in order] == sorted(int(n) for n in order) == list(range(1, 11))
+
+
+def test_precedence_is_declared_only_in_verdict() -> None:
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "verdict.py"
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id.endswith("PRECEDENCE") for t in node.targets)
+    ]
+    assert offenders == []
