@@ -66,3 +66,50 @@ def test_precedence_is_declared_only_in_verdict() -> None:
         and any(isinstance(t, ast.Name) and t.id.endswith("PRECEDENCE") for t in node.targets)
     ]
     assert offenders == []
+
+
+def _attrs_compared_with_strings(path: Path) -> list[str]:
+    """Comparisons of a `.category`, `.severity` or `.offload_status` against string literals."""
+    found = []
+    for node in ast.walk(_tree(path)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        typed = any(
+            isinstance(s, ast.Attribute) and s.attr in {"category", "severity", "offload_status"}
+            for s in sides
+        )
+        literal = any(
+            isinstance(c, ast.Constant) and isinstance(c.value, str)
+            for s in sides
+            for c in ([s] if not isinstance(s, ast.Tuple | ast.Set | ast.List) else s.elts)
+        )
+        if typed and literal:
+            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    return found
+
+
+def test_compare_speaks_analyzes_types() -> None:
+    offenders = [
+        o for p in (PACKAGE / "compare").glob("*.py") for o in _attrs_compared_with_strings(p)
+    ]
+    assert offenders == []
+
+
+def test_a_report_on_disk_loads_as_analyzes_types() -> None:
+    import json
+
+    from vllm_offload_doctor.analyze.model import Category, Facts, OffloadStatus, Severity
+    from vllm_offload_doctor.compare.model import CompareReport
+
+    path = PACKAGE.parent / "fixtures" / "h200-compare" / "needs-offload-v2-default" / "report.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    mode = CompareReport.from_dict(raw).modes[0]
+    assert mode.analysis is not None and mode.log_facts is not None
+    assert mode.analysis.category is Category.OOM_WEIGHTS
+    assert isinstance(mode.analysis.severity, Severity)
+    assert isinstance(mode.analysis.offload_status, OffloadStatus)
+    assert isinstance(mode.log_facts, Facts) and mode.log_facts.oom_tried_gib == 0.902
+    # a category this version does not know (a newer report) still loads
+    raw["modes"][0]["analysis"]["category"] = "a_later_category"
+    assert CompareReport.from_dict(raw).modes[0].analysis.category is Category.UNKNOWN  # type: ignore[union-attr]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from vllm_offload_doctor.analyze.model import Facts
 from vllm_offload_doctor.compare.hostmem import HostMemory
 from vllm_offload_doctor.compare.records import (
     Answer,
@@ -19,10 +20,11 @@ from vllm_offload_doctor.compare.records import (
     HostRss,
     Json,
     Latency,
-    LogFacts,
     ModeAnalysis,
     Request,
     Stop,
+    log_facts_dict,
+    log_facts_from_dict,
     pack,
 )
 from vllm_offload_doctor.output.formats import SCHEMA_VERSION
@@ -121,7 +123,7 @@ class ModeResult:
     served: Served | None = None
     stop: Stop | None = None
     leftover_pids: tuple[int, ...] | None = None
-    log_facts: LogFacts | None = None
+    log_facts: Facts | None = None  # analyze's facts of the mode's log
     analysis: ModeAnalysis | None = None
     analysis_error: str | None = None
     last_error_line: str | None = None
@@ -133,6 +135,8 @@ class ModeResult:
         for name, value in pack(self, [f.name for f in fields(self)]).items():
             if name == "served":
                 out.update(value)
+            elif name == "log_facts":
+                out[name] = log_facts_dict(value)
             else:
                 out[name] = value
         return out
@@ -158,7 +162,7 @@ class ModeResult:
             served=served,
             stop=Stop.from_dict(stop) if isinstance(stop, dict) else None,
             leftover_pids=tuple(left) if left is not None else None,
-            log_facts=LogFacts.from_dict(lf) if isinstance(lf, dict) else None,
+            log_facts=log_facts_from_dict(lf) if isinstance(lf, dict) else None,
             analysis=ModeAnalysis.from_dict(an) if isinstance(an, dict) else None,
             analysis_error=d.get("analysis_error"),
             last_error_line=d.get("last_error_line"),

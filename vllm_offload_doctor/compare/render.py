@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from vllm_offload_doctor.analyze.model import Facts
 from vllm_offload_doctor.compare.model import CompareReport, CompareStatus, ModeResult, Role
-from vllm_offload_doctor.compare.records import GpuDevice, LogFacts
+from vllm_offload_doctor.compare.records import GpuDevice
 from vllm_offload_doctor.output.color import paint
 from vllm_offload_doctor.output.formats import OutputFormat
 
@@ -40,8 +41,8 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.0f} ms"
 
 
-def _facts(m: ModeResult) -> LogFacts:
-    return m.log_facts or LogFacts()
+def _facts(m: ModeResult) -> Facts:
+    return m.log_facts or Facts()
 
 
 def column(m: ModeResult) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from vllm_offload_doctor import __version__
+from vllm_offload_doctor.analyze.model import Category, Severity
 from vllm_offload_doctor.compare import artifacts as art
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, CompareConfig, fmt_gb
 from vllm_offload_doctor.compare.decide import (
@@ -508,11 +509,11 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
         return mode
     if not engine_gone_silently(text, a.category):
         return mode
-    if not host.exhausted and a.category == "oom_host":
+    if not host.exhausted and a.category is Category.OOM_HOST:
         # analyze guessed the OOM killer from the offload size alone; the measurement says no.
         analysis = replace(
             a,
-            category="unknown",
+            category=Category.UNKNOWN,
             rule_id=None,
             title="The engine died with no exception",
             summary=host_spared(host),
@@ -520,16 +521,14 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
         return replace(mode, analysis=analysis)
     if not host.exhausted:  # say what host memory did, so the reader need not guess
         return replace(mode, analysis=replace(a, summary=a.summary + " " + host_spared(host)))
-    from vllm_offload_doctor.analyze.model import Category
-
     title, summary, remedy = host_death_summary(host, mode.offload_gb)
     analysis = replace(
         a,
-        category=str(Category.OOM_HOST),
+        category=Category.OOM_HOST,
         rule_id=None,
         title=title,
         summary=summary,
-        severity="error",
+        severity=Severity.ERROR,
         remedy=remedy,
     )
     return replace(mode, analysis=analysis)
