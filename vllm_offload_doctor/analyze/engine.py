@@ -36,10 +36,7 @@ _EXCEPTION = declare(
     r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
     *("Error", "Exception", "Interrupt", "Exit"),
 )
-_FATAL_HINT = declare(
-    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start",
-    *("failed to start", "Engine core initialization failed"),
-)
+_FATAL_HINT = verdict.FATAL_HINT
 _LOADING_NUMBER = re.compile(r"Model loading took -?\d+(?:\.(\d*))? GiB")
 # Ctrl+C: the exception, the signal's name, the terminal's echo '^C' in front of the next line.
 _INTERRUPT = declare(

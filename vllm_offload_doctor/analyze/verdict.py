@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from packaging.version import InvalidVersion, Version
@@ -52,8 +52,14 @@ from vllm_offload_doctor.analyze.model import (
     Verdict,
 )
 from vllm_offload_doctor.analyze.normalize import Line
+from vllm_offload_doctor.analyze.patterns import declare
 from vllm_offload_doctor.analyze.raises import MIN_LITERAL, RaiseMap
-from vllm_offload_doctor.analyze.rules import MATCH_TIMEOUT_S, Rule, render_message
+from vllm_offload_doctor.analyze.rules import (
+    FACT_CONDITIONS,
+    MATCH_TIMEOUT_S,
+    Rule,
+    render_message,
+)
 from vllm_offload_doctor.redact import scrub_cut
 
 # Precedence: a rule's own (rules/*.toml) decides among rules; the lenders slot in here.
@@ -156,7 +162,7 @@ def _version(text: str | None) -> Version | None:
 
 
 def _derived(facts: Facts, phase: str) -> dict[str, Any]:
-    values = {k: v for k, v in asdict(facts).items() if k not in ("args", "ranks")}
+    values = {k: getattr(facts, k) for k in FACT_CONDITIONS}
     values["phase"] = phase
     values["offload_requested"] = bool(
         (facts.cpu_offload_gb or 0) > 0 or (facts.offload_group_size or 0) > 0
@@ -236,22 +242,11 @@ def error_phase(seen: Observed, line: int | None, context: Sequence[str] = ()) -
 def rule_findings(seen: Observed, facts: Facts, base: dict[str, Any]) -> list[Finding]:
     """A finding per rule that matched (or rests on facts) and whose conditions hold, in order."""
     findings: list[Finding] = []
-    ready = seen.ready_line
     for rule in seen.rules:
         hit = seen.hits.get(rule.id)
         if rule.patterns and hit is None:
             continue
-        first_line = hit.evidence[0].line if hit and hit.evidence else None
-        values = dict(base)
-        values["error_phase"] = error_phase(seen, first_line, hit.context if hit else ())
-        # A wrapper (EngineCore encountered a fatal error, EngineDeadError) after readiness: the
-        # engine died while serving, whatever the exception above it.
-        values["engine_dead_after_ready"] = bool(
-            ready and any(w.line > ready for w in seen.clues.wrappers)
-        )
-        values["fatal_after_ready"] = bool(
-            ready and seen.first_fatal_line and seen.first_fatal_line > ready
-        )
+        values = rule_values(seen, base, hit)
         if not rule.conditions_hold(values):
             continue
         evidence = (
@@ -263,6 +258,23 @@ def rule_findings(seen: Observed, facts: Facts, base: dict[str, Any]) -> list[Fi
         findings.append(rule_finding(rule, values, evidence, groups=groups))
     findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
     return findings
+
+
+def rule_values(seen: Observed, base: dict[str, Any], hit: Hit | None) -> dict[str, Any]:
+    """The values one rule's conditions read: the start's, and where its first match lies."""
+    ready = seen.ready_line
+    first_line = hit.evidence[0].line if hit and hit.evidence else None
+    values = dict(base)
+    values["error_phase"] = error_phase(seen, first_line, hit.context if hit else ())
+    # A wrapper (EngineCore encountered a fatal error, EngineDeadError) after readiness: the
+    # engine died while serving, whatever the exception above it.
+    values["engine_dead_after_ready"] = bool(
+        ready and any(w.line > ready for w in seen.clues.wrappers)
+    )
+    values["fatal_after_ready"] = bool(
+        ready and seen.first_fatal_line and seen.first_fatal_line > ready
+    )
+    return values
 
 
 def _scrubbed(evidence: Iterable[Evidence], limit: int) -> list[Evidence]:
@@ -898,6 +910,11 @@ def timeout_notes(gave_up: Mapping[str, tuple[int, int]]) -> tuple[str, ...]:
 
 
 # -- clues gathered while the lines stream past --------------------------------------------
+# The wrappers that say a start failed (compare's live display reads them too).
+FATAL_HINT = declare(
+    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start",
+    *("failed to start", "Engine core initialization failed"),
+)
 _METHOD = re.compile(r"while processing method (\w+)")
 _REPR = re.compile(
     r"\b[A-Z]\w*(?:Error|Exception)(?:\(['\"]|: \S)"

@@ -68,9 +68,8 @@ def runner_remedy(version: str | None) -> str:
 
 
 def gpu_util_default(version: str | None) -> float:
-    """vLLM's default --gpu-memory-utilization: 0.92 from 0.20.0, 0.9 before."""
-    v = _version(version)
-    return 0.92 if v is None or v >= Version("0.20.0") else 0.9
+    """vLLM's default --gpu-memory-utilization for the release a log or server names."""
+    return runner.default_gpu_memory_utilization(_version(version))
 
 
 def nvsmi_note(version: str | None, configured: float | None) -> str:
@@ -500,7 +499,7 @@ class FitInputs:
     """What the 'how much offload is needed' estimate may use beyond the mode's own log."""
 
     weights_gib: float | None = None  # weights per GPU, when the model is local
-    util: float = 0.92
+    util: float = runner.default_gpu_memory_utilization(None)
     max_model_len: int | None = None
     shape: ModelShape | None = None  # config.json's, for the KV cache and activations
     tp: int = 1

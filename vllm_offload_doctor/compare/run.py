@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from vllm_offload_doctor import __version__
+from vllm_offload_doctor import __version__, exitcodes
 from vllm_offload_doctor.analyze.model import Category, Severity
 from vllm_offload_doctor.compare import artifacts as art
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, CompareConfig, fmt_gb
@@ -198,7 +198,8 @@ class CompareRun:
             self._set(finished_at=_now())
             with contextlib.suppress(DoctorError):
                 self.write()
-        return 0 if self.report.verdict.status == CompareStatus.EFFECTIVE else 1
+        effective = self.report.verdict.status == CompareStatus.EFFECTIVE
+        return exitcodes.OK if effective else exitcodes.FOUND
 
     def _preflight(self) -> None:
         """check's host and fit questions for the modes about to run, before any of them starts."""
