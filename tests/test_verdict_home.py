@@ -197,15 +197,23 @@ def test_one_default_gpu_memory_utilization() -> None:
     assert offenders == []
 
 
-def test_compare_reads_a_failed_start_with_analyzes_pattern() -> None:
+def test_compare_reads_a_failed_engine_with_analyzes_patterns() -> None:
     from vllm_offload_doctor.compare import progress
 
-    src = Path(progress.__file__).read_text(encoding="utf-8")
-    assert "failed to start" not in src and "initialization failed" not in src
+    # Nor does any compare module keep its own copy of the engine's wrapper lines.
+    for path in (PACKAGE / "compare").glob("*.py"):
+        src = path.read_text(encoding="utf-8")
+        assert "failed to start" not in src and "initialization failed" not in src, path.name
+        assert "Failed core proc" not in src, path.name
     line = "(EngineCore_DP0 pid=9) ERROR 12-02 10:00:00 [core.py:1] EngineCore failed to start."
     assert verdict.FATAL_HINT.search(line)
     assert progress.phase_of(line, "loading weights") == "failed"
     assert progress.phase_of("RuntimeError: boom", "loading weights") == "failed"
+    from vllm_offload_doctor.analyze.engine import analyze_lines
+
+    wrapper = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    assert analyze_lines([wrapper]).facts.engine_core_failed
+    assert not analyze_lines(["RuntimeError: boom"]).facts.engine_core_failed
 
 
 def test_command_exit_statuses_come_from_exitcodes() -> None:

@@ -137,6 +137,12 @@ _SERVING_SETUP = declare(
     "init engine (profile",
     "Starting vLLM",
 )
+# The engine core's start-up wrapper: the engine died, whatever the log shows above it.
+_ENGINE_GONE = declare(
+    r"Engine core initialization failed|Failed core proc\(s\): \{\}",
+    "Engine core initialization failed",
+    "Failed core proc(s): {}",
+)
 _COPY_OFFLOAD = declare(r"Falling back to standard CPU offloading", "standard CPU offloading")
 _SHUTDOWN = declare(
     r"^(?:Application shutdown complete|Shutting down|Finished server process)",
@@ -435,6 +441,8 @@ class FactCollector:
                 f.pin_memory_disabled = True
         if _SERVING_SETUP.match(msg):
             self.serving_setup = True
+        if _ENGINE_GONE.search(msg):
+            f.engine_core_failed = True
         if _COPY_OFFLOAD.search(msg):
             f.offloader = f.offloader or "copy-per-forward fallback"
             self.copy_offload = True

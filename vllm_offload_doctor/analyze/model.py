@@ -131,6 +131,8 @@ class Facts:
     # A KV cache shortfall: 'X GiB KV cache is needed, which is larger than ... (Y GiB)'.
     kv_needed_gib: float | None = None
     kv_available_gib: float | None = None
+    # 'Engine core initialization failed' / 'Failed core proc(s): {}': the engine core died.
+    engine_core_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

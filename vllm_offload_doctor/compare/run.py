@@ -490,7 +490,7 @@ class CompareRun:
             mode = replace(mode, analysis=analysis, log_facts=facts)
             if not mode.ok and last_error:
                 mode = replace(mode, last_error_line=scrub_text(last_error)[:400])
-            mode = _named_host_death(mode, raw_log)
+            mode = _named_host_death(mode)
         try:
             art.save_scrubbed_log(raw_log, self.out / mode.log)
         finally:
@@ -499,16 +499,12 @@ class CompareRun:
         return mode
 
 
-def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
+def _named_host_death(mode: ModeResult) -> ModeResult:
     """A silent engine death while host memory ran out is `oom_host`, whatever the log says."""
     host, a = mode.host_memory, mode.analysis
     if mode.ok or host is None or a is None:
         return mode
-    try:
-        text = raw_log.read_text(errors="replace")
-    except OSError:
-        return mode
-    if not engine_gone_silently(text, a.category):
+    if not engine_gone_silently(mode.log_facts, a.category):
         return mode
     if not host.exhausted and a.category is Category.OOM_HOST:
         # analyze guessed the OOM killer from the offload size alone; the measurement says no.
