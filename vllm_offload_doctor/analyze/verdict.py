@@ -7,7 +7,7 @@ these steps, each a function of this module (the fallbacks in step 9 are tried i
  1. facts      the collector's facts, filled from pasted reports, an undated V2 runner dated
                (`resolve_runner`), and the values rules' conditions read (`condition_values`)
  2. rules      every rule that matched, or rests on facts alone, and whose conditions hold
-               (`rule_findings`), ordered by precedence, then by first line
+               (`rule_findings`; each reads `rule_values`), by precedence, then by first line
  3. first cause  an OOM before a communication error is that error's cause (`first_cause`)
  4. frame      the failing frame of a single-purpose subsystem (rules/maps/frames.toml) goes on
                top unless a finding of higher precedence is there (`with_frame`)
