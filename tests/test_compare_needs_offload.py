@@ -7,12 +7,14 @@ The logs in fixtures/h200-compare/big-model-bisect/ are vLLM 0.25.1 (V1 runner) 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from vllm_offload_doctor.analyze.model import Category, Facts, OffloadStatus, Severity
 from vllm_offload_doctor.compare.decide import (
     FitInputs,
     compare_pair,
@@ -20,7 +22,7 @@ from vllm_offload_doctor.compare.decide import (
     needed_offload,
     out_of_memory,
 )
-from vllm_offload_doctor.compare.logscan import oom_figures, read_mode_log
+from vllm_offload_doctor.compare.logscan import read_mode_log
 from vllm_offload_doctor.compare.model import (
     CompareStatus,
     ModeResult,
@@ -32,9 +34,9 @@ from vllm_offload_doctor.compare.records import (
     GpuSnapshot,
     HostRss,
     Latency,
-    LogFacts,
     ModeAnalysis,
     Pcie,
+    log_facts_dict,
 )
 
 BISECT = Path(__file__).resolve().parent.parent / "fixtures" / "h200-compare" / "big-model-bisect"
@@ -66,27 +68,56 @@ def weights_oom_baseline() -> ModeResult:
         log="mode-0.log",
         status=ModeStatus.EXITED,
         analysis=ModeAnalysis(
-            "oom_weights",
+            Category.OOM_WEIGHTS,
             "OOM003",
             "The weights do not fit in GPU memory",
             "CUDA out of memory while loading the weights.",
-            "error",
+            Severity.ERROR,
             "",
             (),
-            "not_requested",
+            OffloadStatus.NOT_REQUESTED,
             "",
             False,
         ),
-        log_facts=LogFacts(vllm_version="0.25.1", model_runner="v1"),
+        log_facts=Facts(vllm_version="0.25.1", model_runner="v1"),
     )
 
 
-def test_kv_shortfall_figures_are_read_from_the_log() -> None:
-    oom = oom_figures(BISECT / "bisect-26.log")
-    assert oom is not None
-    assert (oom.kv_needed_gib, oom.kv_available_gib) == (0.7, 0.42)
-    assert oom.tried_gib is None  # no CUDA OOM in a KV shortfall
-    assert oom_figures(BISECT / "bisect-27.log") is None
+def test_kv_shortfall_figures_are_facts_of_the_log() -> None:
+    _, facts, _ = read_mode_log(BISECT / "bisect-26.log", "bisect-26.log")
+    assert (facts.kv_needed_gib, facts.kv_available_gib) == (0.7, 0.42)
+    assert facts.oom_tried_gib is None  # no CUDA OOM in a KV shortfall
+    assert log_facts_dict(facts)["oom"] == {
+        "tried_gib": None,
+        "total_gib": None,
+        "free_gib": None,
+        "in_use_gib": None,
+        "kv_needed_gib": 0.7,
+        "kv_available_gib": 0.42,
+    }
+    _, served, _ = read_mode_log(BISECT / "bisect-27.log", "bisect-27.log")
+    assert "oom" not in log_facts_dict(served)
+
+
+RECORDED = sorted(
+    (run, m["log"], m["log_facts"].get("oom"))
+    for run in (BISECT.parent).glob("*/")
+    if (run / "report.json").exists()
+    for m in json.loads((run / "report.json").read_text())["modes"]
+    if m.get("log_facts") and (run / m["log"]).exists()
+)
+
+
+def test_there_are_recorded_oom_figures() -> None:
+    assert sum(1 for *_, oom in RECORDED if oom) >= 3
+
+
+@pytest.mark.parametrize(("run", "log", "oom"), RECORDED, ids=lambda v: getattr(v, "name", None))
+def test_oom_figures_match_what_reports_recorded(run: Path, log: str, oom: object) -> None:
+    # These report.json files were written while compare read the figures from the raw log with
+    # its own regex; the engine's facts give the same figures.
+    _, facts, _ = read_mode_log(run / log, log)
+    assert log_facts_dict(facts).get("oom") == oom
 
 
 @pytest.mark.parametrize("n", [25, 26])
@@ -195,7 +226,7 @@ def test_which_baseline_failures_offload_can_change(
     assert base.analysis is not None and base.log_facts is not None
     base = replace(
         base,
-        analysis=replace(base.analysis, category=category),
+        analysis=replace(base.analysis, category=Category(category)),
         log_facts=replace(base.log_facts, reached_ready=ready),
     )
     assert out_of_memory(base) is runs_offload
@@ -208,7 +239,7 @@ def test_real_v2_runner_logs_say_ignored_not_failed() -> None:
     """vLLM 0.25.1's default (V2) runner on the H200: offload 0 and offload 32 both die loading the weights."""
     base = from_log(REAL_V2 / "mode-0.log", 0.0, ModeStatus.EXITED)
     off = from_log(REAL_V2 / "mode-32.log", 32.0, ModeStatus.EXITED)
-    assert base.analysis is not None and base.analysis.category == "oom_weights"
+    assert base.analysis is not None and base.analysis.category is Category.OOM_WEIGHTS
     assert out_of_memory(base)
     c = compare_pair(base, off, FIT)
     assert c.status == CompareStatus.IGNORED
@@ -225,7 +256,7 @@ def test_compare_estimates_the_need_with_checks_fit_model() -> None:
     shape = model_shape(cfg, cfg.get("torch_dtype"))
     weights = 151.78
     base = weights_oom_baseline()
-    off = replace(base, log_facts=replace(base.log_facts or LogFacts(), gpu_total_gib=139.8))
+    off = replace(base, log_facts=replace(base.log_facts or Facts(), gpu_total_gib=139.8))
     for length in (2048, 32768):  # the KV cache of one request grows with --max-model-len
         need = needed_offload(off, weights, 0.92, length, shape, 1)
         p = plan(

@@ -10,7 +10,7 @@ import pytest
 
 from vllm_offload_doctor.analyze import catalogue
 from vllm_offload_doctor.analyze.engine import analyze_lines
-from vllm_offload_doctor.analyze.knowledge import RAISE_PRECEDENCE, builtin_knowledge
+from vllm_offload_doctor.analyze.knowledge import builtin_knowledge
 from vllm_offload_doctor.analyze.model import Analysis, Category
 from vllm_offload_doctor.analyze.raises import (
     MIN_LITERAL,
@@ -19,6 +19,7 @@ from vllm_offload_doctor.analyze.raises import (
     builtin_raises,
     template_regex,
 )
+from vllm_offload_doctor.analyze.verdict import RAISE_PRECEDENCE
 
 CAT = catalogue.load()
 RAISES = builtin_raises()

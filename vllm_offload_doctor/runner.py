@@ -1,4 +1,4 @@
-"""The Model Runner V2 offload bug, as versions: what every command reasons with.
+"""vLLM's version facts every command reasons with: the Model Runner V2 offload bug, defaults.
 
 vLLM 0.12.0-0.27.1 never install the weight offloader under Model Runner V2, so `--cpu-offload-gb`
 is silently ignored (vLLM issue #51396); 0.28.0 fixed it (PR #51413). V2 is the default for dense
@@ -26,3 +26,12 @@ def ignores_under_v2(version: Version) -> bool:
 def has_escape_hatch(version: Version) -> bool:
     """Whether `VLLM_USE_V2_MODEL_RUNNER=0` undoes the bug here (it defaults to V2 and lets V1 back)."""
     return V1_ESCAPE_FROM <= version < FIXED_IN
+
+
+# vllm/config/cache.py: --gpu-memory-utilization defaults to 0.92 from 0.20.0, 0.9 before.
+GPU_UTIL_RAISED_IN = Version("0.20.0")
+
+
+def default_gpu_memory_utilization(version: Version | None) -> float:
+    """vLLM's default --gpu-memory-utilization for a release; an unknown one gets today's."""
+    return 0.9 if version is not None and version < GPU_UTIL_RAISED_IN else 0.92

@@ -5,26 +5,17 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
-from vllm_offload_doctor import runner
-from vllm_offload_doctor.analyze import logread, raises, repeats, reports, runs, stack, verdict
-from vllm_offload_doctor.analyze.facts import CODE_HINTS, PHASES, FactCollector, phase_of_frames
+from vllm_offload_doctor.analyze import logread, repeats, reports, runs, verdict
+from vllm_offload_doctor.analyze.facts import FactCollector
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
     Analysis,
     Category,
     Evidence,
-    Facts,
-    Finding,
-    Offload,
-    OffloadStatus,
-    Severity,
-    Verdict,
 )
 from vllm_offload_doctor.analyze.normalize import SPLIT_THRESHOLD, Line, parse, split_long
 from vllm_offload_doctor.analyze.patterns import (
@@ -34,7 +25,8 @@ from vllm_offload_doctor.analyze.patterns import (
     prefilter_words,
     span_finder,
 )
-from vllm_offload_doctor.analyze.rules import MATCH_TIMEOUT_S, Rule, load_rules
+from vllm_offload_doctor.analyze.rules import Rule, load_rules
+from vllm_offload_doctor.analyze.verdict import EVIDENCE_CUT, MAX_EVIDENCE, NOTABLE_CUT
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.redact import scrub_cut
 
@@ -44,10 +36,7 @@ _EXCEPTION = declare(
     r"^(?:\w+\.)*+[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?",
     *("Error", "Exception", "Interrupt", "Exit"),
 )
-_FATAL_HINT = declare(
-    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start",
-    *("failed to start", "Engine core initialization failed"),
-)
+_FATAL_HINT = verdict.FATAL_HINT
 _LOADING_NUMBER = re.compile(r"Model loading took -?\d+(?:\.(\d*))? GiB")
 # Ctrl+C: the exception, the signal's name, the terminal's echo '^C' in front of the next line.
 _INTERRUPT = declare(
@@ -60,10 +49,6 @@ _INTERRUPT = declare(
 _CUT_ALARM = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[")  # prefix cut off
 _STAMP = re.compile(r"\b(?:\d\d-\d\d|\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)\b")
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
-MAX_EVIDENCE = 5
-# Evidence and notable lines are masked only when a start is judged (scrub_cut reads 4x the cut):
-# a crash loop's merged starts never pay for it.
-EVIDENCE_CUT, NOTABLE_CUT = 600, 400
 CONTEXT_LINES = 12
 _UNSEEN = object()
 _NUL_HOLE = re.compile("\0{16,}")
@@ -526,445 +511,42 @@ class _State:
             last = no - 1
             if not self.runs.repeat(self.run_sig, last):
                 run = self._finish_run("", last)
-                self.runs.add(self.run_first_line, last, run, self._decides(run), self.run_sig)
+                self.runs.add(
+                    self.run_first_line,
+                    last,
+                    run,
+                    verdict.decides(run, self._ended()),
+                    self.run_sig,
+                )
         self._start_run(no)
 
-    # -- verdict ----------------------------------------------------------------------------
+    # -- verdict (verdict.py decides) -------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
         last = self._finish_run(name, lines_read, error)
         end = max(lines_read, self.run_first_line)
-        return self.runs.result(self.run_first_line, end, last, self._decides(last))
-
-    def _decides(self, run: Analysis) -> bool:
-        """Whether a start shows an outcome: a cause, an error line, or its end (not a cut-off)."""
-        return run.verdict.category is not Category.UNKNOWN or bool(run.notable) or self._ended()
+        return self.runs.result(
+            self.run_first_line, end, last, verdict.decides(last, self._ended())
+        )
 
     def _finish_run(self, name: str, lines_read: int, error: str | None = None) -> Analysis:
-        facts = self.collector.finish()
-        self.reports.fill(facts)
-        _resolve_runner(facts)
-        base = _derived(facts, self.collector.phase)
-        base["copy_offload"] = self.collector.copy_offload
-        base["serving_setup"] = self.collector.serving_setup
-        # No version line: V2's loading line without "memory" dates the run to 0.12-0.27.1 only when
-        # it cannot be V1's line of <=0.11 (same words): the V2 banner, or format_gib's number.
-        base["undated_v2_unfixed"] = bool(
-            base["undated_v2_unfixed"] and (self.v2_banner or self.loading_4dp is False)
+        seen = verdict.Observed(
+            rules=self.rules,
+            collector=self.collector,
+            reports=self.reports,
+            clues=self.clues,
+            hits=self.hits,
+            ready_line=self.ready_line,
+            first_fatal_line=self.first_fatal_line,
+            alarm_after_up=self.alarm_after_up,
+            notable_first=self.notable_first,
+            notable_last=self.notable_last,
+            v2_banner=self.v2_banner,
+            loading_4dp=self.loading_4dp,
+            interrupt_after=self.interrupt_after,
+            gave_up=self.gave_up,
+            saw_level=self.saw_level,
         )
-        findings: list[Finding] = []
-        for rule in self.rules:
-            hit = self.hits.get(rule.id)
-            if rule.patterns and hit is None:
-                continue
-            first_line = hit.evidence[0].line if hit and hit.evidence else None
-            values = dict(base)
-            values["error_phase"] = self._error_phase(first_line, hit.context if hit else ())
-            # A wrapper (EngineCore encountered a fatal error, EngineDeadError) after readiness: the
-            # engine died while serving, whatever the exception above it.
-            values["engine_dead_after_ready"] = bool(
-                self.ready_line and any(w.line > self.ready_line for w in self.clues.wrappers)
-            )
-            values["fatal_after_ready"] = bool(
-                self.ready_line
-                and self.first_fatal_line
-                and self.first_fatal_line > self.ready_line
-            )
-            if not rule.conditions_hold(values):
-                continue
-            evidence = (
-                tuple(_scrubbed(hit.evidence, EVIDENCE_CUT))
-                if hit
-                else _fact_evidence(facts, self.collector, rule)
-            )
-            groups = hit.groups if hit else {}
-            findings.append(verdict.rule_finding(rule, values, evidence, groups=groups))
-        findings.sort(key=lambda f: (-f.precedence, f.evidence[0].line if f.evidence else 0))
-        findings = verdict.first_cause(findings)
-        crash = next((f for f in findings if f.category is Category.CRASH_OTHER), None)
-        frame = verdict.frame_finding(
-            self.clues, self.rules, base, crash.evidence[0] if crash and crash.evidence else None
-        )
-        if frame is not None and (not findings or findings[0].precedence < frame.precedence):
-            findings.insert(0, frame)
-        if not findings or findings[0].category is Category.CRASH_OTHER:
-            lent = verdict.raise_finding(
-                self.clues, self.rules, base, raises.builtin_raises(), self.ready_line
-            ) or stack.stack_finding(self.clues.stack, self.rules, base)
-            if lent is not None:
-                findings.insert(0, lent)
-        findings = verdict.not_survived(findings, self.ready_line, MAX_EVIDENCE)
-        findings, unwrapped = verdict.judge_wrapped(findings, self.clues)
-        offload = _offload(facts, findings, copy_offload=self.collector.copy_offload)
-        notable: tuple[Evidence, ...] = ()
-        if not findings:
-            notable = (
-                *self.clues.deaths,
-                *_scrubbed(self.notable_first, NOTABLE_CUT),
-                *_scrubbed(self.notable_last, NOTABLE_CUT),
-            )
-            notable = tuple({e.line: e for e in notable}.values())
-        final = _verdict(
-            facts,
-            findings,
-            offload,
-            serving_setup=self.collector.serving_setup,
-            notable=notable,
-            alarm=self.alarm_after_up,
-            vllm_seen=self._vllm_seen(facts),
-        )
-        if not findings and unwrapped is not None:
-            final = unwrapped
-        elif not findings:
-            final = (
-                # Ctrl+C after readiness is an ordinary stop: only a start-up is "interrupted".
-                (
-                    None
-                    if facts.reached_ready or self.collector.serving_setup
-                    else verdict.interrupt_verdict(
-                        self.clues, self.collector.phase, self.interrupt_after
-                    )
-                )
-                or verdict.death_verdict(
-                    self.clues, facts, up=facts.reached_ready or self.collector.serving_setup
-                )
-                or final
-            )
-        final = verdict.with_kv_offload_note(final, facts)
-        final = verdict.with_wsl_note(final, facts)
-        return Analysis(
-            file=name,
-            verdict=final,
-            offload=offload,
-            facts=facts,
-            findings=tuple(findings),
-            lines_read=lines_read,
-            notable=notable,
-            error=error,
-            notes=self._timeout_notes(),
-        )
-
-    def _vllm_seen(self, facts: Facts) -> bool:
-        """Whether anything in the input is vLLM's: a version, arguments, a start-up phase, a frame."""
-        return bool(
-            facts.vllm_version
-            or facts.args
-            or self.collector.cli_args
-            or facts.model
-            or self.collector.phase != "start"
-            or self.collector.serving_setup
-            or facts.reached_ready
-            or facts.platform
-            or self.saw_level
-            or self.hits
-            or self.clues.wrappers
-            or any("vllm" in path.lower() for _, _, path in self.collector.all_frames())
-        )
-
-    def _timeout_notes(self) -> tuple[str, ...]:
-        """A rule that gave up on a line may be the missing verdict: say so, never silently."""
-        ms = round(MATCH_TIMEOUT_S * 1000)
-        return tuple(
-            f"rule {rule_id} gave up on line {no} ({chars:,} characters) after {ms} ms; "
-            "its verdict may be missing"
-            for rule_id, (no, chars) in sorted(self.gave_up.items())
-        )
-
-    def _error_phase(self, line: int | None, context: Sequence[str] = ()) -> str | None:
-        """The start-up phase a failure belongs to: traceback frames, then code lines, then log."""
-        anchor = line or self.first_fatal_line
-        if anchor is None:
-            return None
-        frames = self.collector.all_frames()
-        before = [fn for no, fn, _ in frames if anchor - 250 <= no <= anchor]
-        phase = phase_of_frames(before)
-        if phase is None:
-            after = [fn for no, fn, _ in frames if anchor < no <= anchor + 250]
-            phase = phase_of_frames(after)
-        if phase is None:
-            phase = phase_of_frames([m for no, m in self.clues.methods if abs(no - anchor) <= 50])
-        if phase is None:
-            for text in reversed(context):
-                for rx, hint in CODE_HINTS:
-                    if rx.search(text):
-                        return hint
-        if phase is None and self.collector.phase == "start":
-            return "unknown"  # nothing in the log places the failure
-        return phase or self.collector.phase
-
-
-def _scrubbed(evidence: Iterable[Evidence], limit: int) -> list[Evidence]:
-    return [Evidence(e.line, scrub_cut(e.text, limit)) for e in evidence]
-
-
-def _resolve_runner(facts: Facts) -> None:
-    if facts.model_runner != "v2?":
-        return
-    version = _version(facts.vllm_version)
-    if version is None:
-        facts.model_runner = "unknown"
-    elif runner.ignores_under_v2(version):
-        facts.model_runner = "v2"
-    else:
-        facts.model_runner = "v1"
-
-
-def _version(text: str | None) -> Version | None:
-    if not text:
-        return None
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return None
-
-
-def _derived(facts: Facts, phase: str) -> dict[str, Any]:
-    values = {k: v for k, v in asdict(facts).items() if k not in ("args", "ranks")}
-    values["phase"] = phase
-    values["offload_requested"] = bool(
-        (facts.cpu_offload_gb or 0) > 0 or (facts.offload_group_size or 0) > 0
-    )
-    values["progressed"] = PHASES.index(phase) > PHASES.index("start") or bool(
-        facts.model_loading_gib
-    )
-    if facts.gpu_free_gib is not None and facts.gpu_total_gib:
-        values["gpu_free_fraction"] = facts.gpu_free_gib / facts.gpu_total_gib
-    else:
-        values["gpu_free_fraction"] = None
-    values.update(_kv_numbers(facts))
-    # No version line: V2's loading line without "memory" dates the run to 0.12-0.27.1.
-    values["undated_v2_unfixed"] = facts.vllm_version is None and facts.loading_says_memory is False
-    return values
-
-
-def _kv_numbers(facts: Facts) -> dict[str, Any]:
-    """Whether the logged KV numbers leave room for one request of max_model_len, and why not."""
-    block = facts.block_size or 16  # vLLM's default block size on GPUs
-    tokens = facts.kv_cache_tokens
-    if tokens is None and facts.gpu_blocks is not None:
-        tokens = facts.gpu_blocks * block
-    why = []
-    if facts.kv_cache_gib is not None and facts.kv_cache_gib < 0:
-        why.append(f"the KV cache budget is negative ({facts.kv_cache_gib:g} GiB)")
-    if facts.gpu_blocks == 0:
-        why.append("0 KV cache blocks on the GPU")
-    elif tokens is not None and facts.max_model_len and tokens < facts.max_model_len:
-        held = (
-            f"{facts.gpu_blocks} blocks x {block} tokens = {tokens}"
-            if facts.kv_cache_tokens is None
-            else f"{tokens} tokens"
-        )
-        why.append(f"the KV cache holds {held}, below max_model_len {facts.max_model_len}")
-    return {"kv_tokens": tokens, "kv_short": bool(why), "kv_numbers": "; ".join(why) or None}
-
-
-def _fact_evidence(facts: Facts, collector: FactCollector, rule: Rule) -> tuple[Evidence, ...]:
-    """Evidence for a rule that rests on facts: the lines of its numbers, the args and runner lines."""
-    named = " ".join(c.fact for c in (*rule.all, *rule.any))
-    numbers = [
-        Evidence(*v)
-        for k, v in collector.number_lines.items()
-        if k.startswith("kv_") or k == "gpu_blocks"
-    ]
-    if "kv_" in named:
-        return tuple(sorted(numbers, key=lambda e: e.line))
-    out = []
-    # The runner line is the telling one (V2 ignores the offload); the args line shows the request.
-    if facts.model_runner_evidence:
-        no, _, text = facts.model_runner_evidence.partition(": ")
-        out.append(Evidence(int(no), text))
-    if collector.args_evidence:
-        out.append(Evidence(*collector.args_evidence))
-    return tuple(out)
-
-
-def _offload(facts: Facts, findings: list[Finding], *, copy_offload: bool = False) -> Offload:
-    requested = facts.cpu_offload_gb
-    offloaded = facts.offloaded_gib
-    if facts.prefetch_saved_gb is not None and offloaded is None:
-        offloaded = facts.prefetch_saved_gb * 1e9 / 2**30
-    statuses = _rank_statuses(facts)
-    disagree = len(set(statuses)) > 1
-    ignored = [f for f in findings if f.category is Category.OFFLOAD_IGNORED]
-    if ignored and findings[0] is ignored[0]:
-        return Offload(
-            OffloadStatus.IGNORED,
-            requested,
-            offloaded,
-            "offload was requested, but the V2 model runner never installed an offloader: no "
-            "'Offloader set to' line and no 'Total CPU offloaded parameters' line",
-            disagree,
-        )
-    if ignored:
-        return Offload(
-            OffloadStatus.UNKNOWN,
-            requested,
-            None,
-            f"the server failed first ({findings[0].category.value}); the log also shows the V2 runner "
-            "without an offloader, so once that is fixed expect --cpu-offload-gb to be ignored too "
-            "(set VLLM_USE_V2_MODEL_RUNNER=0 or upgrade to vLLM >= 0.28.0)",
-            disagree,
-        )
-    if any(f.category is Category.OFFLOAD_ERROR for f in findings):
-        return Offload(
-            OffloadStatus.ERROR,
-            requested,
-            offloaded,
-            "offloading itself failed or is unsupported here",
-            disagree,
-        )
-    if offloaded:
-        detail = f"{offloaded:.2f} GiB of weights were moved to host memory"
-        if len(statuses) > 1:
-            detail += (
-                " (largest per rank; "
-                + ", ".join(
-                    f"{r.process}: {r.offloaded_gib if r.offloaded_gib is not None else 'none'}"
-                    for r in facts.ranks.values()
-                    if r.offloaded_gib is not None or r.offloader
-                )
-                + ")"
-            )
-        if disagree:
-            detail += "; ranks disagree: some logged no offload"
-        return Offload(OffloadStatus.EFFECTIVE, requested, offloaded, detail, disagree)
-    if copy_offload:
-        return Offload(
-            OffloadStatus.EFFECTIVE,
-            requested,
-            None,
-            "weights were offloaded, but through the slow copy-per-forward fallback (no UVA / pinned "
-            "memory on this platform): expect a large slowdown",
-            disagree,
-        )
-    if not requested and not (facts.offload_group_size or 0) > 0:
-        if requested is None and facts.offloader in ("UVAOffloader", "PrefetchOffloader"):
-            return Offload(
-                OffloadStatus.UNKNOWN,
-                None,
-                None,
-                "an offloader was installed but no offloaded amount was logged",
-            )
-        return Offload(
-            OffloadStatus.NOT_REQUESTED, requested, None, "no --cpu-offload-gb above 0 in the log"
-        )
-    if facts.device_cpu:
-        return Offload(
-            OffloadStatus.UNKNOWN,
-            requested,
-            None,
-            "--cpu-offload-gb has no meaning on the CPU backend (device=cpu): everything is in host memory already",
-        )
-    version = _version(facts.vllm_version)
-    if version is not None and version < Version("0.17.0"):
-        why = (
-            f"vLLM {facts.vllm_version} logs nothing about offloading (the log lines exist from 0.17). "
-            "To tell, compare 'Model loading took' here against a run with --cpu-offload-gb 0: "
-            "it drops by about the offloaded GiB when offloading works"
-        )
-    elif version is None:
-        why = (
-            "the log shows no vLLM version and no offload line; vLLM before 0.17 logs nothing about "
-            "offloading. Compare 'Model loading took' against a --cpu-offload-gb 0 run to tell"
-        )
-    elif facts.model_loading_gib is None and not facts.reached_ready:
-        why = "the log ends before the model was loaded, so it cannot show whether offloading happened"
-    else:
-        why = (
-            "offload was requested but no 'Total CPU offloaded parameters' line appears: the model may "
-            "not build its layers with make_layers, a --cpu-offload-params filter may match nothing, or "
-            "the log is partial"
-        )
-        if runner.ignores_under_v2(version) and facts.model_runner == "unknown":
-            why += (
-                f"; vLLM {facts.vllm_version} ignores the flag whenever the V2 model runner runs, and "
-                "this log does not say which runner ran (no 'Using V2 Model Runner' or 'Starting to "
-                "load model' line): `offload-doctor compare` tells"
-            )
-    return Offload(OffloadStatus.UNKNOWN, requested, None, why, disagree)
-
-
-def _rank_statuses(facts: Facts) -> list[str]:
-    statuses = []
-    for rank in facts.ranks.values():
-        if rank.offloaded_gib:
-            rank.status = OffloadStatus.EFFECTIVE
-        elif rank.model_loading_gib is not None and (facts.cpu_offload_gb or 0) > 0:
-            rank.status = OffloadStatus.UNKNOWN
-        else:
-            continue
-        statuses.append(rank.status.value)
-    return statuses
-
-
-def _verdict(
-    facts: Facts,
-    findings: list[Finding],
-    offload: Offload,
-    *,
-    serving_setup: bool = False,
-    notable: Sequence[Evidence] = (),
-    alarm: Evidence | None = None,
-    vllm_seen: bool = True,
-) -> Verdict:
-    if findings:
-        top = findings[0]
-        return Verdict(
-            top.category, top.rule_id, top.title, top.message, top.severity, top.remedy, top.links
-        )
-    if (facts.reached_ready or serving_setup) and alarm is not None:
-        return Verdict(
-            Category.UNKNOWN,
-            None,
-            "The server came up, then failed without a visible cause",
-            "the server came up, but a fatal event follows (line "
-            f"{alarm.line}: {alarm.text[:160].strip()}); the log does not show the exception that "
-            "caused it, so it is not healthy and the cause is cut off",
-            Severity.ERROR,
-            "Attach the whole log around that line (the engine or worker traceback above the "
-            "error) and the output of `offload-doctor check`.",
-        )
-    if facts.reached_ready or serving_setup:
-        summary = (
-            "the server started; no failure found in the log"
-            if facts.reached_ready
-            else "the log reaches the server's route table / engine start-up without any error "
-            "(it ends before the explicit 'Application startup complete' line)"
-        )
-        if offload.status is OffloadStatus.EFFECTIVE:
-            summary += f"; offloading took effect ({offload.offloaded_gib:.2f} GiB)"
-        return Verdict(Category.HEALTHY, None, "Server healthy", summary, Severity.INFO)
-    if not vllm_seen and not notable:
-        return Verdict(
-            Category.UNKNOWN,
-            None,
-            "Not a vLLM server log",
-            "this does not look like a vLLM server log: no vLLM version, arguments, start-up "
-            "line, traceback frame in vLLM or known error in it",
-            Severity.INFO,
-            "Pass the output of `vllm serve` (from its command line to the end), not another "
-            "program's output.",
-        )
-    summary = (
-        "no failure that a rule explains, and the log does not show the server becoming ready; "
-        "the error lines below are all it shows (the cause may be cut off)"
-        if notable
-        else "the log shows no failure and does not show the server becoming ready: it may be cut "
-        "off before the cause, or before start-up finished"
-    )
-    if facts.pasted_reports:
-        summary += (
-            "; it holds pasted " + ", ".join(facts.pasted_reports) + " output, read for its facts "
-            "only (never as log lines)"
-        )
-    return Verdict(
-        Category.UNKNOWN,
-        None,
-        "No known cause found",
-        summary,
-        Severity.INFO,
-        "Attach the whole log (from the `vllm serve` command line to the end) and the output of "
-        "`offload-doctor check`.",
-    )
+        return verdict.judge(seen, name, lines_read, error)
 
 
 # The OpenAI front end's files: their ERROR lines are about one request (old prefixes have no '[').

@@ -96,9 +96,17 @@ _KV_OLD = declare(
     r"the rest of the memory reserved for KV Cache is (?P<g>-?[\d.]+) ?GiB", "reserved for KV Cache"
 )
 _PLATFORM = declare(r"^Automatically detected platform (?P<p>\w+)\.", "detected platform")
+# torch's CUDA OOM message: what was asked for, the GPU's total and free memory, this process's use.
 _CUDA_OOM = declare(
-    r"GPU (?P<idx>\d+) has a total capac(?:i)?ty of (?P<tot>[\d.]+ [KMG]iB) of which (?P<free>[\d.]+ [KMG]iB) is free",
+    r"(?:Tried to allocate (?P<tried>[\d.]{1,12} (?:bytes|[KMG]iB))\. )?"
+    r"GPU (?P<idx>\d+) has a total capac(?:i)?ty of (?P<tot>[\d.]+ [KMG]iB) of which (?P<free>[\d.]+ [KMG]iB) is free"
+    r"(?:\. Including non-PyTorch memory, this process has (?P<used>[\d.]{1,12} (?:bytes|[KMG]iB)) memory in use)?",
     "has a total capac",
+)
+_KV_NEEDED = declare(
+    r"\((?P<need>[\d.]{1,12}) GiB KV cache is needed, which is larger than the available KV cache "
+    r"memory \((?P<avail>-?[\d.]{1,12}) GiB\)",
+    "KV cache is needed",
 )
 _FREE_ON_DEVICE = declare(
     r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<tot>[\d.]+) GiB\)",
@@ -128,6 +136,12 @@ _SERVING_SETUP = declare(
     "Waiting for application startup",
     "init engine (profile",
     "Starting vLLM",
+)
+# The engine core's start-up wrapper: the engine died, whatever the log shows above it.
+_ENGINE_GONE = declare(
+    r"Engine core initialization failed|Failed core proc\(s\): \{\}",
+    "Engine core initialization failed",
+    "Failed core proc(s): {}",
 )
 _COPY_OFFLOAD = declare(r"Falling back to standard CPU offloading", "standard CPU offloading")
 _SHUTDOWN = declare(
@@ -359,7 +373,13 @@ def _gib(text: str) -> float | None:
     value = _num(num)
     if value is None:
         return None
-    return value * {"KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0}.get(unit, 1.0)
+    return value * {"bytes": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0}.get(unit, 1.0)
+
+
+def _gib3(text: str | None) -> float | None:
+    """GiB to three places (a unitless number is GiB)."""
+    value = _gib(text) if text is not None else None
+    return None if value is None else round(value, 3)
 
 
 class FactCollector:
@@ -421,6 +441,8 @@ class FactCollector:
                 f.pin_memory_disabled = True
         if _SERVING_SETUP.match(msg):
             self.serving_setup = True
+        if _ENGINE_GONE.search(msg):
+            f.engine_core_failed = True
         if _COPY_OFFLOAD.search(msg):
             f.offloader = f.offloader or "copy-per-forward fallback"
             self.copy_offload = True
@@ -549,10 +571,17 @@ class FactCollector:
             tokens = _num(m.group("t"))
             f.kv_cache_tokens = int(tokens) if tokens is not None else None
             return
+        m = _KV_NEEDED.search(msg)
+        if m:
+            f.kv_needed_gib, f.kv_available_gib = _gib3(m.group("need")), _gib3(m.group("avail"))
+            return
         m = _CUDA_OOM.search(msg)
         if m:
             f.gpu_total_gib = _gib(m.group("tot"))
             f.gpu_free_gib = _gib(m.group("free"))
+            if m.group("tried"):  # the last complete message's figures, to the MiB
+                f.oom_tried_gib, f.oom_total_gib = _gib3(m.group("tried")), _gib3(m.group("tot"))
+                f.oom_free_gib, f.oom_in_use_gib = _gib3(m.group("free")), _gib3(m.group("used"))
             return
         m = _FREE_ON_DEVICE.search(msg)
         if m:

@@ -25,9 +25,6 @@ from vllm_offload_doctor.analyze.patterns import Bounded
 from vllm_offload_doctor.analyze.rules import Rule, builtin_rules_dir, load_rules
 from vllm_offload_doctor.errors import RuleFileError
 
-FRAME_PRECEDENCE = 50  # above the generic crash rules, below every rule that reads the exception
-RAISE_PRECEDENCE = 45  # a catalogued message's subsystem: below the failing frame
-
 
 @dataclass(frozen=True, slots=True)
 class ExceptionEntry:

@@ -122,6 +122,17 @@ class Facts:
     shut_down: bool = False
     stayed_up: bool | None = None
     ranks: dict[str, RankOffload] = field(default_factory=dict)
+    # The last CUDA OOM message (GiB): the allocation that failed, the GPU's total and free
+    # memory, and what the process held, when the message says.
+    oom_tried_gib: float | None = None
+    oom_total_gib: float | None = None
+    oom_free_gib: float | None = None
+    oom_in_use_gib: float | None = None
+    # A KV cache shortfall: 'X GiB KV cache is needed, which is larger than ... (Y GiB)'.
+    kv_needed_gib: float | None = None
+    kv_available_gib: float | None = None
+    # 'Engine core initialization failed' / 'Failed core proc(s): {}': the engine core died.
+    engine_core_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

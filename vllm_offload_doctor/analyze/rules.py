@@ -16,7 +16,7 @@ import stat
 import string
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import regex
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from vllm_offload_doctor.analyze.model import Category, Severity
+from vllm_offload_doctor.analyze.model import Category, Facts, Severity
 from vllm_offload_doctor.analyze.patterns import Bounded
 from vllm_offload_doctor.errors import RuleFileError
 
@@ -55,40 +55,11 @@ _WIDE = regex.compile(r"\{[^{}:]*:[^{}]*?\d{4}")
 _SPEC = regex.compile(r"\{([^{}:!]*)[:!][^{}]*\}")
 _ID = regex.compile(r"^[A-Z]{2,5}\d{3}$")
 
-# Facts a condition may name: Facts fields plus the derived ones the engine adds.
-CONDITION_FACTS = frozenset(
+# Facts a condition may name: every field of Facts but the nested ones, and the values the
+# verdict derives beside them (verdict.condition_values, verdict.rule_values).
+FACT_CONDITIONS = tuple(f.name for f in fields(Facts) if f.name not in ("args", "ranks"))
+DERIVED_CONDITIONS = frozenset(
     {
-        "vllm_version",
-        "model",
-        "cpu_offload_gb",
-        "offload_backend",
-        "offload_group_size",
-        "gpu_memory_utilization",
-        "max_model_len",
-        "tensor_parallel_size",
-        "enforce_eager",
-        "dtype",
-        "platform",
-        "device_cpu",
-        "enable_lora",
-        "quantization",
-        "model_runner",
-        "offloader",
-        "offloaded_gib",
-        "prefetch_saved_gb",
-        "model_loading_gib",
-        "kv_cache_gib",
-        "kv_cache_tokens",
-        "gpu_blocks",
-        "block_size",
-        "gpu_name",
-        "gpu_total_gib",
-        "gpu_free_gib",
-        "wsl",
-        "pin_memory_disabled",
-        "reached_ready",
-        "shut_down",
-        # derived
         "phase",
         "error_phase",
         "offload_requested",
@@ -101,10 +72,10 @@ CONDITION_FACTS = frozenset(
         "kv_tokens",
         "kv_short",
         "kv_numbers",
-        "loading_says_memory",
         "undated_v2_unfixed",
     }
 )
+CONDITION_FACTS = frozenset(FACT_CONDITIONS) | DERIVED_CONDITIONS
 
 
 @dataclass(frozen=True, slots=True)

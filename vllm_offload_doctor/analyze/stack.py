@@ -23,7 +23,6 @@ from vllm_offload_doctor.analyze.patterns import Bounded
 from vllm_offload_doctor.analyze.rules import Rule, builtin_rules_dir
 
 FORMAT = "stack-messages/2"
-STACK_PRECEDENCE = 44  # below the failing frame and vLLM's own raise messages
 _ERRNO = re.compile(r"\[Errno (-?\d+)\] ([^\n]{3,200})")
 _HOLE = re.compile(r"\{[^{}]*\}")
 
@@ -196,7 +195,7 @@ def stack_finding(
     from dataclasses import replace
 
     from vllm_offload_doctor.analyze.model import Category
-    from vllm_offload_doctor.analyze.verdict import rule_finding
+    from vllm_offload_doctor.analyze.verdict import STACK_PRECEDENCE, rule_finding
 
     for evidence, m in seen:
         rule = next((r for r in rules if r.id == m.rule), None)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from vllm_offload_doctor import exitcodes
 from vllm_offload_doctor.common_cli import (
     Output,
     color_option,
@@ -141,7 +142,7 @@ def check(
     if list_checks:
         out.report(lambda f, _color: _list_checks(verbose, f))
         out.close()
-        return 0
+        return exitcodes.OK
     options = Options(
         offload_gb=offload_gb,
         tensor_parallel_size=tensor_parallel_size,

@@ -20,18 +20,9 @@ from vllm_offload_doctor.machine.probes import (
     PlatformInfo,
     Probe,
 )
+from vllm_offload_doctor.runner import default_gpu_memory_utilization
 
 GIB = 1 << 30
-
-
-def default_gpu_memory_utilization(vllm_version: Version | None) -> float:
-    """vLLM's default --gpu-memory-utilization: 0.92 from 0.20.0 (vllm/config/cache.py), 0.9 before.
-
-    Unknown versions get today's default.
-    """
-    if vllm_version is not None and vllm_version < Version("0.20"):
-        return 0.9
-    return 0.92
 
 
 class Context:

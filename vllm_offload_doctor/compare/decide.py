@@ -14,6 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_offload_doctor import links as links_mod
 from vllm_offload_doctor import runner
+from vllm_offload_doctor.analyze.model import Category, Facts, OffloadStatus
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, fmt_gb
 from vllm_offload_doctor.compare.hostmem import SPARED
 from vllm_offload_doctor.compare.model import (
@@ -29,7 +30,6 @@ from vllm_offload_doctor.compare.model import (
     Verdict,
 )
 from vllm_offload_doctor.compare.performance import performance, solo_performance
-from vllm_offload_doctor.compare.records import LogFacts
 from vllm_offload_doctor.machine.fit import GIB, ModelShape, plan
 
 MRV2_LINKS = links_mod.MRV2
@@ -38,7 +38,8 @@ MRV2_REMEDY = (
     "whose V2 model runner installs the offloader."
 )
 # Failures offload can change: the weights or the KV cache did not fit in GPU memory.
-MEMORY_CATEGORIES = frozenset({"oom_weights", "oom_kv_cache"})
+MEMORY_CATEGORIES = frozenset({Category.OOM_WEIGHTS, Category.OOM_KV_CACHE})
+NO_CAUSE = (Category.HEALTHY, Category.UNKNOWN)  # a verdict that names no root cause
 
 
 def _version(text: str | None) -> Version | None:
@@ -67,9 +68,8 @@ def runner_remedy(version: str | None) -> str:
 
 
 def gpu_util_default(version: str | None) -> float:
-    """vLLM's default --gpu-memory-utilization: 0.92 from 0.20.0, 0.9 before."""
-    v = _version(version)
-    return 0.92 if v is None or v >= Version("0.20.0") else 0.9
+    """vLLM's default --gpu-memory-utilization for the release a log or server names."""
+    return runner.default_gpu_memory_utilization(_version(version))
 
 
 def nvsmi_note(version: str | None, configured: float | None) -> str:
@@ -99,7 +99,7 @@ def out_of_memory(mode: ModeResult) -> bool:
     if mode.ok or a is None:
         return False
     started = mode.log_facts is not None and mode.log_facts.reached_ready
-    return a.category in MEMORY_CATEGORIES or (a.category == "oom_runtime" and not started)
+    return a.category in MEMORY_CATEGORIES or (a.category is Category.OOM_RUNTIME and not started)
 
 
 def offload_installed(mode: ModeResult) -> bool:
@@ -135,7 +135,7 @@ def failure(mode: ModeResult, which: str) -> Finding:
     cat = a.category if a else None
     if mode.status == ModeStatus.UNAUTHORIZED:
         title = f"the {which} mode refused the requests: 401, the server wants an API key"
-    elif a and cat not in ("healthy", "unknown"):
+    elif a and cat not in NO_CAUSE:
         summary += f" Its log names the root cause ({cat}): {_lower(a.summary)}"
         title = f"the {which} mode failed: {_lower(a.title) or cat}"
     elif mode.status == ModeStatus.TIMEOUT:
@@ -147,14 +147,14 @@ def failure(mode: ModeResult, which: str) -> Finding:
         summary += " Its log names no known root cause; read the end of the log."
         if SPARED in a.summary:  # what host memory did during that silent death
             summary += " " + a.summary[a.summary.index(SPARED) :]
-    if (not a or cat in ("healthy", "unknown")) and mode.last_error_line:
+    if (not a or cat in NO_CAUSE) and mode.last_error_line:
         summary += f" Last error line: {mode.last_error_line}"
     if mode.analysis_error:
         summary += f" ({mode.analysis_error})"
     notes: list[str] = []
     links = list(a.links) if a else []
     remedy = a.remedy if a else ""
-    if a and a.offload_status == "ignored":
+    if a and a.offload_status is OffloadStatus.IGNORED:
         notes.append(
             "analyze also found that --cpu-offload-gb was silently ignored in this mode: "
             f"{a.offload_explanation}".strip()
@@ -177,7 +177,7 @@ def _delta(b: float | None, o: float | None) -> float | None:
     return round(b - o, 3) if b is not None and o is not None else None
 
 
-def rank_view(bf: LogFacts, of: LogFacts, requested: float) -> dict[str, RankView]:
+def rank_view(bf: Facts, of: Facts, requested: float) -> dict[str, RankView]:
     """Per-rank offload verdict: each TP rank logs its own lines (the budget is per GPU)."""
     view = {}
     for name, r in of.ranks.items():
@@ -197,9 +197,9 @@ def rank_view(bf: LogFacts, of: LogFacts, requested: float) -> dict[str, RankVie
     return view
 
 
-def _ignored(off: ModeResult, of: LogFacts, fig: Figures) -> Finding:
+def _ignored(off: ModeResult, of: Facts, fig: Figures) -> Finding:
     a = off.analysis
-    v2 = of.model_runner == "v2" or (a is not None and a.category == "offload_ignored")
+    v2 = of.model_runner == "v2" or (a is not None and a.category is Category.OFFLOAD_IGNORED)
     base_load, off_load = fig.weights_on_gpu_gib.baseline, fig.weights_on_gpu_gib.offload
     summary = (
         f"--cpu-offload-gb {fmt_gb(off.offload_gb)} was requested but nothing moved: "
@@ -233,7 +233,7 @@ def _ignored(off: ModeResult, of: LogFacts, fig: Figures) -> Finding:
 
 def _served_pair(base: ModeResult, off: ModeResult) -> Comparison:
     """Both modes served: did the weights move, and what did it cost."""
-    bf, of = base.log_facts or LogFacts(), off.log_facts or LogFacts()
+    bf, of = base.log_facts or Facts(), off.log_facts or Facts()
     requested = off.offload_gb - base.offload_gb
     ranks = rank_view(bf, of, requested)
     base_load, off_load = bf.model_loading_gib, of.model_loading_gib
@@ -259,7 +259,7 @@ def _served_pair(base: ModeResult, off: ModeResult) -> Comparison:
     fell = delta is not None and delta >= 0.5 * _expected(requested, base_load)
     unchanged = delta is not None and abs(delta) < max(0.05, 0.2 * requested)
     oa = off.analysis
-    if (oa is not None and oa.offload_status == "ignored") or (not moved and unchanged):
+    if (oa is not None and oa.offload_status is OffloadStatus.IGNORED) or (not moved and unchanged):
         return cmp(_ignored(off, of, fig))
     if not (moved or fell):
         missing = [n for n, v in (("baseline", base_load), ("offload", off_load)) if v is None]
@@ -355,22 +355,21 @@ def needed_offload(
     (`machine.fit.plan`: weights, one request's KV cache, the activation peak, non-torch overhead)
     against util x the GPU the log names; else a lower bound.
     """
-    f = off.log_facts
-    oom = f.oom if f else None
-    done = (f.offloaded_gib if f else None) or off.offload_gb
+    f = off.log_facts or Facts()
+    done = f.offloaded_gib or off.offload_gb
     per_request = (
         f"one request of max-model-len {max_model_len}" if max_model_len else "one request"
     )
-    if oom is not None and oom.kv_needed_gib is not None and oom.kv_available_gib is not None:
-        short = max(0.0, oom.kv_needed_gib - oom.kv_available_gib)
+    if f.kv_needed_gib is not None and f.kv_available_gib is not None:
+        short = max(0.0, f.kv_needed_gib - f.kv_available_gib)
         return Need(
             round(off.offload_gb + short, 2),
             False,
-            f"{per_request} needs {oom.kv_needed_gib:g} GiB of KV cache and "
-            f"{oom.kv_available_gib:g} GiB was left, {short:.2f} GiB short",
+            f"{per_request} needs {f.kv_needed_gib:g} GiB of KV cache and "
+            f"{f.kv_available_gib:g} GiB was left, {short:.2f} GiB short",
         )
-    kv = f.kv_cache_gib if f else None
-    if f is not None and f.model_loading_gib is not None and kv is not None and kv <= 0:
+    kv = f.kv_cache_gib
+    if f.model_loading_gib is not None and kv is not None and kv <= 0:
         return Need(
             round(off.offload_gb - kv, 2),
             True,
@@ -378,7 +377,7 @@ def needed_offload(
             f"but {kv:g} GiB was left for the KV cache, and the KV cache of {per_request} comes on "
             "top (the log does not say how much)",
         )
-    total = (oom.total_gib if oom else None) or (f.gpu_total_gib if f else None)
+    total = f.oom_total_gib or f.gpu_total_gib
     if weights_per_gpu_gib is not None and total:
         p = plan(
             weights_per_gpu_gib * tp * GIB, shape, tp=tp, gpu_total=total * GIB,
@@ -397,8 +396,8 @@ def needed_offload(
             p.kv_cache is None,  # without the model's shape the KV cache comes on top
             f"{', '.join(parts)} against {util:g} x {total:g} GiB (check's fit model)",
         )
-    if oom is not None and oom.tried_gib is not None and oom.free_gib is not None:
-        gap = max(0.0, oom.tried_gib - oom.free_gib)
+    if f.oom_tried_gib is not None and f.oom_free_gib is not None:
+        gap = max(0.0, f.oom_tried_gib - f.oom_free_gib)
         return Need(
             round(off.offload_gb + gap, 2),
             True,
@@ -442,13 +441,13 @@ def _needs_offload(base: ModeResult, off: ModeResult, fit: FitInputs) -> Compari
         )
     oa = off.analysis
     flagged = oa is not None and (
-        oa.category == "offload_ignored" or oa.offload_status == "ignored"
+        oa.category is Category.OFFLOAD_IGNORED or oa.offload_status is OffloadStatus.IGNORED
     )
     if (out_of_memory(off) or flagged) and not offload_installed(off):
         version = version_of(off)
         runner = of.model_runner if of else None
         same = (
-            oa is not None and base.analysis is not None and oa.category == base.analysis.category
+            oa is not None and base.analysis is not None and oa.category is base.analysis.category
         )
         summary = (
             f"{start} With --cpu-offload-gb {req} it failed {'the same way' if same else 'too'}, "
@@ -500,7 +499,7 @@ class FitInputs:
     """What the 'how much offload is needed' estimate may use beyond the mode's own log."""
 
     weights_gib: float | None = None  # weights per GPU, when the model is local
-    util: float = 0.92
+    util: float = runner.default_gpu_memory_utilization(None)
     max_model_len: int | None = None
     shape: ModelShape | None = None  # config.json's, for the KV cache and activations
     tp: int = 1

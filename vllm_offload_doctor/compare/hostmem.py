@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from vllm_offload_doctor.analyze.model import Category, Facts
 from vllm_offload_doctor.compare.records import Json, pack
 from vllm_offload_doctor.machine.procstatus import read_status
 
@@ -174,18 +175,19 @@ def summarize(samples: list[HostSample], offload_gb: float) -> HostMemory | None
 
 
 # The API server's wrapper when its engine vanished without a word (H-015.log).
-ENGINE_GONE = ("Failed core proc(s): {}", "Engine core initialization failed")
 
 
-def engine_gone_silently(log_text: str, category: str | None) -> bool:
+# Verdicts that name no cause of their own, or guess the OOM killer from the offload size alone.
+_SILENT = (None, Category.UNKNOWN, Category.HEALTHY, Category.CRASH_OTHER, Category.OOM_HOST)
+
+
+def engine_gone_silently(facts: Facts | None, category: Category | None) -> bool:
     """The engine died with no exception: only the wrapper, no root cause the log names.
 
     analyze calls such a death under a large offload `oom_host` from the log alone; the host
     figures measured here confirm or contradict that guess, so it is looked at again.
     """
-    return category in (None, "unknown", "healthy", "crash_other", "oom_host") and any(
-        w in log_text for w in ENGINE_GONE
-    )
+    return category in _SILENT and facts is not None and facts.engine_core_failed
 
 
 def host_death_summary(host: HostMemory, offload_gb: float) -> tuple[str, str, str]:

@@ -11,15 +11,17 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from vllm_offload_doctor.analyze.model import Facts
 from vllm_offload_doctor.compare.hostmem import HostMemory
 from vllm_offload_doctor.compare.records import (
     GpuSnapshot,
     Json,
     Latency,
-    LogFacts,
     ModeAnalysis,
     Served,
     Stop,
+    log_facts_dict,
+    log_facts_from_dict,
     pack,
 )
 from vllm_offload_doctor.output.formats import SCHEMA_VERSION
@@ -71,7 +73,7 @@ class ModeResult:
     served: Served | None = None
     stop: Stop | None = None
     leftover_pids: tuple[int, ...] | None = None
-    log_facts: LogFacts | None = None
+    log_facts: Facts | None = None  # analyze's facts of the mode's log
     analysis: ModeAnalysis | None = None
     analysis_error: str | None = None
     last_error_line: str | None = None
@@ -83,6 +85,8 @@ class ModeResult:
         for name, value in pack(self, [f.name for f in fields(self)]).items():
             if name == "served":
                 out.update(value)
+            elif name == "log_facts":
+                out[name] = log_facts_dict(value)
             else:
                 out[name] = value
         return out
@@ -108,7 +112,7 @@ class ModeResult:
             served=served,
             stop=Stop.from_dict(stop) if isinstance(stop, dict) else None,
             leftover_pids=tuple(left) if left is not None else None,
-            log_facts=LogFacts.from_dict(lf) if isinstance(lf, dict) else None,
+            log_facts=log_facts_from_dict(lf) if isinstance(lf, dict) else None,
             analysis=ModeAnalysis.from_dict(an) if isinstance(an, dict) else None,
             analysis_error=d.get("analysis_error"),
             last_error_line=d.get("last_error_line"),

@@ -22,6 +22,7 @@ from vllm_offload_doctor.machine.hostbudget import (
 )
 from vllm_offload_doctor.machine.modelsize import ModelSize
 from vllm_offload_doctor.machine.probes import HostMemory, NvmlInfo, PlatformInfo
+from vllm_offload_doctor.runner import default_gpu_memory_utilization
 
 
 class MachineProbe(Protocol):
@@ -165,7 +166,7 @@ def _fit(
     totals = [g.memory_usable for g in nvml.gpus if g.memory_usable]
     if nvml.error or not totals:
         return None, ""
-    util = cfg.gpu_memory_utilization() or 0.92
+    util = cfg.gpu_memory_utilization() or default_gpu_memory_utilization(None)
     p = plan(
         size.total_bytes,
         size.shape,

@@ -10,11 +10,10 @@ from typing import TextIO
 from vllm_offload_doctor.analyze.facts import PHASE_TABLE
 from vllm_offload_doctor.analyze.normalize import parse
 from vllm_offload_doctor.analyze.patterns import MAX_TEXT
+from vllm_offload_doctor.analyze.verdict import FATAL_HINT
 
-FAILED = re.compile(
-    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
-    r"|^(?:\(\S+ pid=\d+\) )?\w*(?:Error|Exception): "
-)
+# A start failed: analyze's fatal wrappers, or an exception line (a traceback's last line).
+_EXCEPTION_LINE = re.compile(r"^(?:\(\S+ pid=\d+\) )?\w*(?:Error|Exception): ")
 # Display names in start-up order, from the phase table analyze uses too.
 PHASES = tuple(dict.fromkeys(name for _, name, _ in PHASE_TABLE))
 _ORDER = {name: i for i, name in enumerate(PHASES)}
@@ -23,7 +22,7 @@ _ORDER = {name: i for i, name in enumerate(PHASES)}
 def phase_of(line: str, current: str) -> str:
     """The phase after seeing `line` (never goes backwards, except to `failed`)."""
     line = line[:MAX_TEXT]
-    if FAILED.search(line):
+    if FATAL_HINT.search(line) or _EXCEPTION_LINE.search(line):
         return "failed"
     if current == "failed":
         return current

@@ -9,8 +9,17 @@ byte-identical.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from vllm_offload_doctor.analyze.model import (
+    Category,
+    Facts,
+    OffloadStatus,
+    RankOffload,
+    Severity,
+)
 
 Json = dict[str, Any]  # parsed report.json objects, read only inside from_dict()
 
@@ -317,100 +326,91 @@ class Stop:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class RankFacts:
-    offloader: str | None
-    offloaded_gib: float | None
-    model_loading_gib: float | None
-    status: str
+# The log facts report.json keeps of analyze's `Facts`, in their historical order; the figures of
+# a CUDA OOM and a KV cache shortfall nest under "oom" (report key: Facts field).
+LOG_FACTS = (
+    "vllm_version",
+    "model_runner",
+    "model_runner_evidence",
+    "cpu_offload_gb",
+    "tensor_parallel_size",
+    "offloader",
+    "offloaded_gib",
+    "model_loading_gib",
+    "kv_cache_gib",
+    "kv_cache_tokens",
+    "reached_ready",
+)
+RANK_FACTS = ("offloader", "offloaded_gib", "model_loading_gib")
+OOM_FACTS = {
+    "tried_gib": "oom_tried_gib",
+    "total_gib": "oom_total_gib",
+    "free_gib": "oom_free_gib",
+    "in_use_gib": "oom_in_use_gib",
+    "kv_needed_gib": "kv_needed_gib",
+    "kv_available_gib": "kv_available_gib",
+}
+_OOM_OMIT_NONE = ("kv_needed_gib", "kv_available_gib")
 
-    def to_dict(self) -> Json:
-        return pack(self)
 
-    @classmethod
-    def from_dict(cls, d: Json) -> RankFacts:
-        return cls(
-            d.get("offloader"),
-            d.get("offloaded_gib"),
-            d.get("model_loading_gib"),
-            d.get("status", "unknown"),
+def log_facts_dict(f: Facts) -> Json:
+    """A mode's `log_facts` in report.json."""
+    out: Json = {k: getattr(f, k) for k in LOG_FACTS}
+    out["ranks"] = {
+        name: {**{k: getattr(r, k) for k in RANK_FACTS}, "status": r.status}
+        for name, r in sorted(f.ranks.items())
+    }
+    for k in ("gpu_total_gib", "gpu_free_gib"):
+        if getattr(f, k) is not None:
+            out[k] = getattr(f, k)
+    if f.oom_tried_gib is not None or f.kv_needed_gib is not None:
+        oom = {k: getattr(f, name) for k, name in OOM_FACTS.items()}
+        out["oom"] = {k: v for k, v in oom.items() if v is not None or k not in _OOM_OMIT_NONE}
+    return out
+
+
+def log_facts_from_dict(d: Json) -> Facts:
+    """`log_facts` of a report.json on disk, as analyze's facts (the keys it has, as read)."""
+    known = set(LOG_FACTS) | {"gpu_total_gib", "gpu_free_gib"}
+    f = Facts(**{k: v for k, v in d.items() if k in known})
+    for name, r in (d.get("ranks") or {}).items():
+        f.ranks[name] = RankOffload(
+            name,
+            offloader=r.get("offloader"),
+            offloaded_gib=r.get("offloaded_gib"),
+            model_loading_gib=r.get("model_loading_gib"),
+            status=member(OffloadStatus, r.get("status"), OffloadStatus.UNKNOWN),
         )
+    oom = d.get("oom")
+    if isinstance(oom, dict):
+        for k, name in OOM_FACTS.items():
+            setattr(f, name, oom.get(k))
+    return f
 
 
-@dataclass(frozen=True, slots=True)
-class LogFacts:
-    """What a mode's log says (from the analyze engine)."""
-
-    vllm_version: str | None = None
-    model_runner: str | None = None
-    model_runner_evidence: str | None = None
-    cpu_offload_gb: float | None = None
-    tensor_parallel_size: int | None = None
-    offloader: str | None = None
-    offloaded_gib: float | None = None
-    model_loading_gib: float | None = None
-    kv_cache_gib: float | None = None
-    kv_cache_tokens: int | None = None
-    reached_ready: bool = False
-    ranks: Mapping[str, RankFacts] = field(default_factory=dict)
-    gpu_total_gib: float | None = None
-    gpu_free_gib: float | None = None
-    oom: OomFigures | None = None
-
-    def to_dict(self) -> Json:
-        return pack(self, ("gpu_total_gib", "gpu_free_gib", "oom"))
-
-    @classmethod
-    def from_dict(cls, d: Json) -> LogFacts:
-        ranks = {k: RankFacts.from_dict(v) for k, v in (d.get("ranks") or {}).items()}
-        known = {f.name for f in fields(cls)} - {"ranks", "oom"}
-        oom = d.get("oom")
-        return cls(
-            **{k: v for k, v in d.items() if k in known},
-            ranks=ranks,
-            oom=OomFigures.from_dict(oom) if isinstance(oom, dict) else None,
-        )
+E = TypeVar("E", bound=StrEnum)
 
 
-@dataclass(frozen=True, slots=True)
-class OomFigures:
-    """The numbers of a CUDA OOM message (what was asked for, what the GPU had) and of a KV cache
-    shortfall (`X GiB KV cache is needed, which is larger than the available ... (Y GiB)`)."""
-
-    tried_gib: float | None
-    total_gib: float | None
-    free_gib: float | None
-    in_use_gib: float | None
-    kv_needed_gib: float | None = None
-    kv_available_gib: float | None = None
-
-    def to_dict(self) -> Json:
-        return pack(self, ("kv_needed_gib", "kv_available_gib"))
-
-    @classmethod
-    def from_dict(cls, d: Json) -> OomFigures:
-        return cls(
-            d.get("tried_gib"),
-            d.get("total_gib"),
-            d.get("free_gib"),
-            d.get("in_use_gib"),
-            d.get("kv_needed_gib"),
-            d.get("kv_available_gib"),
-        )
+def member(kind: type[E], value: object, default: E) -> E:
+    """An enum member from report.json, or `default` for a value this version does not know."""
+    try:
+        return kind(str(value))
+    except ValueError:
+        return default
 
 
 @dataclass(frozen=True, slots=True)
 class ModeAnalysis:
     """The analyze engine's verdict on a mode's log."""
 
-    category: str
+    category: Category
     rule_id: str | None
     title: str
     summary: str
-    severity: str
+    severity: Severity
     remedy: str
     links: tuple[str, ...]
-    offload_status: str
+    offload_status: OffloadStatus
     offload_explanation: str
     ranks_disagree: bool
     evidence: tuple[tuple[int, str], ...] = ()  # (line number, text): the lines it failed on
@@ -425,14 +425,14 @@ class ModeAnalysis:
     @classmethod
     def from_dict(cls, d: Json) -> ModeAnalysis:
         return cls(
-            category=d.get("category", "unknown"),
+            category=member(Category, d.get("category"), Category.UNKNOWN),
             rule_id=d.get("rule_id"),
             title=d.get("title", ""),
             summary=d.get("summary", ""),
-            severity=d.get("severity", "info"),
+            severity=member(Severity, d.get("severity"), Severity.INFO),
             remedy=d.get("remedy", ""),
             links=tuple(d.get("links") or ()),
-            offload_status=d.get("offload_status", "unknown"),
+            offload_status=member(OffloadStatus, d.get("offload_status"), OffloadStatus.UNKNOWN),
             offload_explanation=d.get("offload_explanation", ""),
             ranks_disagree=bool(d.get("ranks_disagree")),
             evidence=tuple(

@@ -12,8 +12,9 @@ import json
 from collections.abc import Callable
 from typing import Protocol
 
+from vllm_offload_doctor.analyze.model import Facts
 from vllm_offload_doctor.compare.model import CompareReport, CompareStatus, ModeResult, Role
-from vllm_offload_doctor.compare.records import GpuDevice, LogFacts
+from vllm_offload_doctor.compare.records import GpuDevice
 from vllm_offload_doctor.output.color import paint
 from vllm_offload_doctor.output.formats import OutputFormat
 
@@ -43,8 +44,8 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.0f} ms"
 
 
-def _facts(m: ModeResult) -> LogFacts:
-    return m.log_facts or LogFacts()
+def _facts(m: ModeResult) -> Facts:
+    return m.log_facts or Facts()
 
 
 def column(m: ModeResult) -> str:

@@ -19,7 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from vllm_offload_doctor import __version__
+from vllm_offload_doctor import __version__, exitcodes
+from vllm_offload_doctor.analyze.model import Category, Severity
 from vllm_offload_doctor.compare import artifacts as art
 from vllm_offload_doctor.compare.config import V1_RUNNER_ENV, CompareConfig, fmt_gb
 from vllm_offload_doctor.compare.decide import (
@@ -201,7 +202,8 @@ class CompareRun:
             self._set(finished_at=_now())
             with contextlib.suppress(DoctorError):
                 self.write()
-        return 0 if self.report.verdict.status == CompareStatus.EFFECTIVE else 1
+        effective = self.report.verdict.status == CompareStatus.EFFECTIVE
+        return exitcodes.OK if effective else exitcodes.FOUND
 
     def _preflight(self) -> None:
         """check's host and fit questions for the modes about to run, before any of them starts."""
@@ -492,7 +494,7 @@ class CompareRun:
             mode = replace(mode, analysis=analysis, log_facts=facts)
             if not mode.ok and last_error:
                 mode = replace(mode, last_error_line=scrub_text(last_error)[:400])
-            mode = _named_host_death(mode, raw_log)
+            mode = _named_host_death(mode)
         try:
             art.save_scrubbed_log(raw_log, self.out / mode.log)
         finally:
@@ -501,22 +503,18 @@ class CompareRun:
         return mode
 
 
-def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
+def _named_host_death(mode: ModeResult) -> ModeResult:
     """A silent engine death while host memory ran out is `oom_host`, whatever the log says."""
     host, a = mode.host_memory, mode.analysis
     if mode.ok or host is None or a is None:
         return mode
-    try:
-        text = raw_log.read_text(errors="replace")
-    except OSError:
+    if not engine_gone_silently(mode.log_facts, a.category):
         return mode
-    if not engine_gone_silently(text, a.category):
-        return mode
-    if not host.exhausted and a.category == "oom_host":
+    if not host.exhausted and a.category is Category.OOM_HOST:
         # analyze guessed the OOM killer from the offload size alone; the measurement says no.
         analysis = replace(
             a,
-            category="unknown",
+            category=Category.UNKNOWN,
             rule_id=None,
             title="The engine died with no exception",
             summary=host_spared(host),
@@ -524,16 +522,14 @@ def _named_host_death(mode: ModeResult, raw_log: Path) -> ModeResult:
         return replace(mode, analysis=analysis)
     if not host.exhausted:  # say what host memory did, so the reader need not guess
         return replace(mode, analysis=replace(a, summary=a.summary + " " + host_spared(host)))
-    from vllm_offload_doctor.analyze.model import Category
-
     title, summary, remedy = host_death_summary(host, mode.offload_gb)
     analysis = replace(
         a,
-        category=str(Category.OOM_HOST),
+        category=Category.OOM_HOST,
         rule_id=None,
         title=title,
         summary=summary,
-        severity="error",
+        severity=Severity.ERROR,
         remedy=remedy,
     )
     return replace(mode, analysis=analysis)
