@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -88,6 +89,28 @@ def test_every_subsystem_is_used_and_gave_functions():
 def test_derived_entry_has_fire_and_quiet_cases(entry_id: str) -> None:
     entry = next(f for f in KNOW.frames if f.id == entry_id)
     assert entry.fire and entry.quiet  # test_maps runs them through the analysis
+
+
+_FILE = re.compile(r'File "(?P<path>[^"]+)", line \d+,? in (?P<fn>\w+)')
+
+
+@pytest.mark.parametrize(
+    ("entry_id", "sid"), [(e, s) for e, ids in sorted(DERIVING.items()) for s in ids]
+)
+def test_every_derived_subsystem_has_a_fire_case_inside_it(entry_id: str, sid: str) -> None:
+    entry = next(f for f in KNOW.frames if f.id == entry_id)
+    sub = SUBS[sid]
+    names = {f[0] for f in sub["functions"]}
+    inside = []
+    for line in entry.fire:
+        m = _FILE.search(line)
+        if m is None:  # a call site: the function was entered
+            inside += [line for n in names if f"{n}(" in line]
+            continue
+        path = re.sub(r"[\\/]+", "/", m.group("path"))
+        if any(p in path for p in sub["paths"]) and (sub["select"] == "all" or m["fn"] in names):
+            inside.append(line)
+    assert inside, f"no fire line of {entry_id} lies in {sid}"
 
 
 @pytest.mark.parametrize("entry_id", sorted(DERIVING))
