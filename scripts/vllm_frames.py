@@ -49,7 +49,6 @@ class Function:
     name: str
     line: int
     end: int
-    toplevel: bool  # not inside a class or another function
     calls: frozenset[str]  # names it calls (`f(...)` or `x.f(...)`)
 
 
@@ -70,8 +69,8 @@ def load_map(path: Path = MAP) -> list[dict[str, Any]]:
         if s["id"] in seen:
             raise SystemExit(f"{where}: defined twice")
         seen.add(s["id"])
-        if s["select"] not in ("all", "toplevel") and not isinstance(s["select"], list):
-            raise SystemExit(f"{where}: select must be 'all', 'toplevel' or a list of globs")
+        if s["select"] != "all" and not isinstance(s["select"], list):
+            raise SystemExit(f"{where}: select must be 'all' or a list of globs")
         if s["select"] == [] and "raising" not in s:
             raise SystemExit(f"{where}: selects nothing")
         if "raising" in s:
@@ -100,22 +99,19 @@ def read_module(text: str, with_raises: bool) -> Module:
     """Its functions (with the names they call, and its raise messages, when `with_raises`)."""
     functions: list[Function] = []
 
-    def visit(body: Iterable[ast.AST], toplevel: bool) -> None:
+    def visit(body: Iterable[ast.AST]) -> None:
         for node in body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 calls = _calls(node) if with_raises else frozenset()
                 end = node.end_lineno or node.lineno
-                functions.append(Function(node.name, node.lineno, end, toplevel, calls))
-                visit(node.body, False)
-            elif isinstance(node, ast.ClassDef):
-                visit(node.body, False)
-            else:  # if/try/with/for/while/match at any level: their statements
-                for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-                    inner = getattr(node, field, None)
-                    if isinstance(inner, list):
-                        visit(inner, toplevel)
+                functions.append(Function(node.name, node.lineno, end, calls))
+            # the statements inside: a def's, a class's, an if/try/with/for/while/match's
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    visit(inner)
 
-    visit(ast.parse(text).body, True)
+    visit(ast.parse(text).body)
     found = extract(text) if with_raises else []
     raises = tuple((f.line, f"{f.type}: {f.template}") for f in found if f.kind == "raise")
     return Module(tuple(functions), raises)
@@ -132,8 +128,7 @@ def select(sub: dict[str, Any], rel: str, module: Module) -> dict[str, int]:
     how = sub["select"]
     globs = how if isinstance(how, list) else []
     for f in module.functions:
-        whole = how == "all" or (how == "toplevel" and f.toplevel)
-        if whole or any(fnmatch.fnmatchcase(f.name, g) for g in globs):
+        if how == "all" or any(fnmatch.fnmatchcase(f.name, g) for g in globs):
             chosen.add(f.name)
     if "raising" in sub:
         rx = re.compile(sub["raising"])

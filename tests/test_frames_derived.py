@@ -217,7 +217,6 @@ def test_selections_over_one_module():
         "size",
     ]
     assert sel(select="all") == names
-    assert sel(select="toplevel") == [n for n in names if n != "execute_method"]
     assert sel(select=["initialize_*", "ray_*"]) == ["initialize_cluster", "ray_is_available"]
     assert sel(select=[], raising="available memory") == ["_check"]
     # callers of the raising check, transitively, in the files `callers` names only
