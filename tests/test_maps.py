@@ -63,10 +63,19 @@ def _broken_maps(tmp_path, old: str, new: str, name: str = "exceptions.toml"):  
         ),
         ('id = "offloader"', 'id = "offloader"\nspeed = 1', "frames.toml", "speed"),
         (
-            'raises = ["vllm/engine/arg_utils.py"]',
-            'raises = "vllm/engine/arg_utils.py"',
+            'derive = "arg-utils"\nraises = true',
+            'derive = "arg-utils"\nraises = "vllm/engine/arg_utils.py"',
             "frames.toml",
             "raises",
+        ),
+        ('derive = "arg-utils"', 'derive = "arg-checks"', "frames.toml", "derive"),
+        ('derive = "arg-utils"', 'derive = "arg-utils"\npath = "x/"', "frames.toml", "path"),
+        ("why = \"jinja2's code, not vLLM's\"\n", "", "frames.toml", "why"),
+        (
+            'rule = "ARG001"\ncategory = "bad_args"\nderive',
+            'rule = "DIST001"\ncategory = "distributed"\nderive',
+            "frames.toml",
+            "differs from arg-utils's",
         ),
     ],
 )

@@ -5,13 +5,17 @@
   that the engine process died without any exception.
 - frames.toml: the failing frame's subsystem and the category it implies, used when the
   exception line does not decide; with `raises`, the modules whose catalogued raise messages
-  imply the category too (raises.py).
+  imply the category too (raises.py). An entry with `derive` takes its functions, and for a
+  whole-module subsystem its paths, from data/vllm-frames.json: what scripts/vllm_frames.py read
+  in vLLM's released source for the subsystems of subsystems.toml.
 
 Problems are one-line RuleFileErrors naming the file and the key, as for rules.
 """
 
 from __future__ import annotations
 
+import importlib.resources
+import json
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -50,11 +54,19 @@ class FrameEntry:
     fire: tuple[str, ...]
     quiet: tuple[str, ...]
     raises: tuple[str, ...] = ()  # modules whose catalogued raise messages lend the category
+    anywhere: frozenset[str] = frozenset()  # hand-kept names beside derived ones, in any file
+
+    def named(self, fn: str) -> bool:
+        return fn in self.functions or fn in self.anywhere
 
     def matches(self, fn: str, path: str) -> bool:
+        if fn in self.anywhere:
+            return True
         if self.functions and fn not in self.functions:
             return False
         path = path.replace("\\", "/")
+        if "//" in path:  # a path pasted with its backslashes escaped
+            path = regex.sub("/{2,}", "/", path)
         return not self.paths or any(p in path for p in self.paths)
 
 
@@ -70,7 +82,7 @@ class Knowledge:
 
     @property
     def keywords(self) -> tuple[str, ...]:
-        calls = sorted({fn for f in self.frames if f.calls for fn in f.functions})
+        calls = sorted({fn for f in self.frames if f.calls for fn in (*f.functions, *f.anywhere)})
         return (
             *self.wrapper_keywords,
             *self.death_keywords,
@@ -85,7 +97,7 @@ class Knowledge:
 
     def call_entry(self, fn: str) -> FrameEntry | None:
         for entry in self.frames:
-            if entry.calls and fn in entry.functions:
+            if entry.calls and entry.named(fn):
                 return entry
         return None
 
@@ -181,10 +193,66 @@ def _exceptions(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> lis
     return out
 
 
+def derived_path() -> Path:
+    return Path(str(importlib.resources.files("vllm_offload_doctor"))) / "data" / "vllm-frames.json"
+
+
+_DERIVED: dict[str, dict[str, Any]] | None = None
+
+
+def derived_subsystems() -> dict[str, dict[str, Any]]:
+    """The subsystems of data/vllm-frames.json by id (read once; {} when absent or damaged)."""
+    global _DERIVED
+    if _DERIVED is None:
+        try:
+            doc = json.loads(derived_path().read_text(encoding="utf-8"))
+            _DERIVED = {str(s["id"]): s for s in doc["subsystems"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            _DERIVED = {}
+    return _DERIVED
+
+
+def _derive(
+    path: Path, where: str, item: dict[str, Any], category: Category
+) -> tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]:
+    """An entry's functions, paths and raising modules from the derived subsystems it names."""
+    if "path" in item:
+        raise _fail(path, f"{where}.path", "not with derive: the source gives it")
+    ids = item["derive"]
+    ids = [ids] if isinstance(ids, str) else ids
+    ids = _strs(path, {"derive": ids}, "derive", required=True)
+    raises = item.get("raises", False)
+    if not isinstance(raises, bool):
+        raise _fail(path, f"{where}.raises", "must be true or false with derive")
+    known = derived_subsystems()
+    subs = []
+    for sid in ids:
+        sub = known.get(sid)
+        if sub is None:
+            raise _fail(path, f"{where}.derive", f"no subsystem {sid!r} in {derived_path().name}")
+        if sub.get("category") != category:
+            raise _fail(path, f"{where}.category", f"{category} differs from {sid}'s")
+        subs.append(sub)
+    whole = {sub.get("select") == "all" for sub in subs}
+    if len(whole) != 1:
+        raise _fail(path, f"{where}.derive", "mixes whole-module and selected subsystems")
+    paths = tuple(dict.fromkeys(str(p) for sub in subs for p in sub["paths"]))
+    functions = frozenset(
+        () if whole == {True} else (str(f[0]) for sub in subs for f in sub["functions"])
+    )
+    if whole == {False} and not functions:
+        raise _fail(path, f"{where}.derive", "the source gave no function")
+    if whole == {True} and item.get("calls", False):
+        raise _fail(path, f"{where}.calls", "a whole-module subsystem has no call sites")
+    return functions, paths, paths if raises else ()
+
+
 def _frames(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> list[FrameEntry]:
     out = []
     allowed = {
         "id",
+        "derive",
+        "why",
         "rule",
         "category",
         "functions",
@@ -198,10 +266,18 @@ def _frames(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> list[Fr
     for i, item in enumerate(data.get("frame", [])):
         where = f"frame[{i}]"
         entry_id, rule_id, category = _entry_head(path, where, item, allowed, rules)
-        functions = frozenset(_strs(path, item, "functions"))
-        sub = item.get("path", [])
-        sub = [sub] if isinstance(sub, str) else sub
-        paths = _strs(path, {"path": sub}, "path")
+        anywhere: frozenset[str] = frozenset()
+        if "derive" not in item or "functions" in item:  # written by hand: say why
+            _str(path, item, "why")
+        if "derive" in item:
+            functions, paths, raises = _derive(path, where, item, category)
+            anywhere = frozenset(_strs(path, item, "functions"))
+        else:
+            functions = frozenset(_strs(path, item, "functions"))
+            sub = item.get("path", [])
+            sub = [sub] if isinstance(sub, str) else sub
+            paths = _strs(path, {"path": sub}, "path")
+            raises = _strs(path, item, "raises")
         if not functions and not paths:
             raise _fail(path, where, "needs functions or path")
         calls = item.get("calls", False)
@@ -219,7 +295,8 @@ def _frames(path: Path, data: dict[str, Any], rules: dict[str, Rule]) -> list[Fr
                 item["source"],
                 fire,
                 _strs(path, item, "quiet"),
-                _strs(path, item, "raises"),
+                raises,
+                anywhere,
             )
         )
     return out
@@ -250,7 +327,7 @@ def load_knowledge(rules: Sequence[Rule], directory: Path | None = None) -> Know
     deaths, death_kw = _alternation(exc_path, "deaths", exc_data)
     frames = _frames(frame_path, frame_data, by_id)
     _unique(frame_path, [f.id for f in frames])
-    calls = sorted({fn for f in frames if f.calls for fn in f.functions})
+    calls = sorted({fn for f in frames if f.calls for fn in (*f.functions, *f.anywhere)})
     call_rx = Bounded(
         r"^\s*+(?:[\w.\[\](), ]++=\s*)?(?:await\s+|return\s+|raise\s+|assert\s+(?:not\s+)?)?(?:\w++\.)*+(?P<fn>"
         + "|".join(regex.escape(c) for c in calls)

@@ -22,7 +22,7 @@ from typing import Any
 
 import regex
 
-from vllm_offload_doctor.analyze import catalogue
+from vllm_offload_doctor.analyze import catalogue, knowledge
 from vllm_offload_doctor.analyze.knowledge import FrameEntry, Knowledge, builtin_knowledge
 from vllm_offload_doctor.analyze.patterns import MAX_TEXT
 from vllm_offload_doctor.analyze.rules import builtin_rules_dir
@@ -172,9 +172,11 @@ def cache_path() -> Path:
 
 
 def inputs_digest() -> str:
-    """What the built-in lending set is derived from: the catalogue and the frame map, byte for byte."""
+    """What the built-in lending set is derived from: the catalogue and the frame map (with its
+    derived subsystems), byte for byte."""
     h = hashlib.sha256()
-    for path in (catalogue.data_path(), builtin_rules_dir() / "maps" / "frames.toml"):
+    maps = builtin_rules_dir() / "maps"
+    for path in (catalogue.data_path(), maps / "frames.toml", knowledge.derived_path()):
         try:
             h.update(path.read_bytes())
         except OSError:
