@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from vllm_offload_doctor.compare import server
-from vllm_offload_doctor.compare.server import Cgroup, ServerProcess
+from vllm_offload_doctor.compare.server import Cgroup, PortTaken, ServerProcess
+from vllm_offload_doctor.errors import PortInUseError
 from vllm_offload_doctor.machine.ports import listening_pids, probe_port
 
 if sys.platform != "linux":  # pragma: no cover - subreaper, /proc/net/tcp and cgroups are Linux
@@ -166,6 +167,27 @@ def test_a_stranger_holding_the_port_is_named_not_killed(
         assert "did not start; left running" in err
     finally:
         kill_all(escapees(pidfile))
+
+
+def test_start_refuses_a_port_that_answers(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        srv = ServerProcess(
+            [str(FAKE), "serve", "m", "--port", str(port)],
+            log_path=tmp_path / "s.log",
+            host="127.0.0.1",
+            port=port,
+            served_model="m",
+        )
+        with pytest.raises(PortTaken) as err:
+            srv.start()
+    assert isinstance(err.value, PortInUseError)
+    msg = str(err.value)
+    assert msg.startswith(f"127.0.0.1:{port} is in use by pid {os.getpid()} (")
+    assert msg.endswith("; stop it or choose another --port")
+    assert srv.proc is None and not (tmp_path / "s.log").exists()  # nothing was started
 
 
 def test_listening_pids_names_the_holder_of_a_port() -> None:

@@ -2,6 +2,7 @@
 
 Lifecycle (after mirakuru/honcho, without their pitfalls):
 
+* `start()` refuses a port something already answers on (mirakuru's `pre_start_check`).
 * `Popen(argv, start_new_session=True)`, never a shell; stdout and stderr go to a log file,
   never to a pipe nobody reads.
 * The server's tree is ours however it forks: the child's environment carries
@@ -38,7 +39,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from vllm_offload_doctor.machine.ports import listening_pids, probe_port
+from vllm_offload_doctor.errors import PortInUseError
+from vllm_offload_doctor.machine.ports import PortState, listening_pids, probe_port
 
 RUN_TAG = "OFFLOAD_DOCTOR_RUN"
 POLL_S = 0.25
@@ -52,6 +54,14 @@ LOG_CHECK_S = 0.5
 GUARD = str(Path(__file__).with_name("guard.py"))
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 CGROUP_PREFIX = "offload-doctor-"
+
+
+class PortTaken(PortInUseError):
+    """`start()` found the server's port already answering; nothing was started."""
+
+    def __init__(self, state: PortState) -> None:
+        super().__init__(f"{state.describe()}; stop it or choose another --port")
+        self.state = state
 
 
 class Terminated(KeyboardInterrupt):
@@ -220,6 +230,10 @@ class ServerProcess:
     # ------------------------------------------------------------------ start / readiness
 
     def start(self) -> None:
+        """Start the server; `PortTaken` when something already answers on its port."""
+        state = probe_port(self.host, self.port)
+        if not state.free:
+            raise PortTaken(state)
         exe = self.argv[0]
         if not (shutil.which(exe) if os.sep not in exe else os.access(exe, os.X_OK)):
             raise FileNotFoundError(2, "not found or not executable", exe)
