@@ -215,3 +215,31 @@ def test_the_subreaper_setting_is_restored_after_the_run(tmp_path: Path) -> None
     finally:
         kill_all(escapees(pidfile))
         server.set_subreaper(bool(before))
+
+
+def test_a_server_that_cannot_be_executed_leaves_no_cgroup(tmp_path: Path) -> None:
+    cgroup_or_skip()
+    bad = tmp_path / "not-a-program"
+    bad.write_bytes(b"\x7fELF but not really")
+    bad.chmod(0o755)
+    before = server.set_subreaper(False)
+    base = server.own_cgroup_dir()
+    assert base is not None
+    srv = ServerProcess(
+        [str(bad)],
+        log_path=tmp_path / "s.log",
+        host="127.0.0.1",
+        port=free_port(),
+        served_model="m",
+        guard=False,  # the guard would start; the exec fails in Popen itself
+    )
+    try:
+        with pytest.raises(OSError):
+            srv.start()
+        assert srv.cgroup is None
+        assert not [
+            p for p in base.iterdir() if p.name.startswith(f"offload-doctor-{srv.tag[:16]}")
+        ]
+        assert server.set_subreaper(False) is False  # not left on
+    finally:
+        server.set_subreaper(bool(before))

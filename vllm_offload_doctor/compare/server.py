@@ -261,10 +261,15 @@ class ServerProcess:
             self._log.close()
             self._log = None
             self._release()
+            if self.cgroup is not None:
+                self.cgroup.discard()
+                self.cgroup = None
             raise
-        # The guard moved itself already; unguarded, this is the earliest we can.
-        if self.cgroup is not None and not self.cgroup.add(self.proc.pid):
-            self.cgroup.remove()
+        # The guard moved itself already; unguarded, this is the earliest we can. Where neither
+        # got in, the cgroup goes (only while empty: it is never killed here).
+        cg = self.cgroup
+        pid = self.proc.pid
+        if cg is not None and not cg.add(pid) and pid not in cg.pids() and cg.discard():
             self.cgroup = None
         self.log_cap.start()
         self.record_tree()
@@ -276,7 +281,7 @@ class ServerProcess:
             return None
         if self.guard:
             self.record_tree()
-            kids = [t.pid for t in self.tree.values() if t.pid != self.proc.pid]
+            kids = [t.pid for t in list(self.tree.values()) if t.pid != self.proc.pid]
             return min(kids, key=lambda p: self.tree[p].create_time) if kids else None
         return self.proc.pid
 
@@ -392,7 +397,7 @@ class ServerProcess:
 
         self.record_tree()
         alive = []
-        for tp in self.tree.values():
+        for tp in list(self.tree.values()):  # the host sampler's thread records too
             try:
                 p = psutil.Process(tp.pid)
                 if p.create_time() == tp.create_time and p.status() != psutil.STATUS_ZOMBIE:
@@ -583,7 +588,7 @@ class ServerProcess:
         """Orphans of the tree re-parented to us (subreaper) that died: reaped, so no zombie
         outlives the run. Only pids of the tree: other children are waited for by their owners."""
         own = self.proc.pid if self.proc is not None else None
-        for pid in self.tree:
+        for pid in list(self.tree):
             if pid != own:
                 with contextlib.suppress(OSError):
                     os.waitpid(pid, os.WNOHANG)
@@ -668,9 +673,17 @@ class Cgroup:
             return None
         cg = cls(path)
         if not (path / "cgroup.kill").exists() or not os.access(path / "cgroup.procs", os.W_OK):
-            cg.remove()
+            cg.discard()
             return None
         return cg
+
+    def discard(self) -> bool:
+        """Remove it if it is empty; whether it is gone."""
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            return False
+        return True
 
     def add(self, pid: int) -> bool:
         try:
