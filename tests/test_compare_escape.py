@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_compare_e2e import _argv, _env, free_port, kill_marked, marked, reap
+from vllm_offload_doctor.compare.server import CGROUP_PREFIX, own_cgroup_dir
 from vllm_offload_doctor.machine.ports import probe_port
 
 pytest.importorskip("vllm_offload_doctor.analyze.engine")
@@ -56,6 +57,21 @@ def port_free_within(port: int, seconds: float) -> bool:
     return True
 
 
+def cgroups() -> set[str]:
+    """The runs' cgroups under ours (none where no cgroup can be made: then nothing can leak)."""
+    base = own_cgroup_dir()
+    if base is None:
+        return set()
+    return {p.name for p in base.iterdir() if p.name.startswith(CGROUP_PREFIX)}
+
+
+def new_cgroups_within(before: set[str], seconds: float) -> set[str]:
+    deadline = time.monotonic() + seconds
+    while (new := cgroups() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return new
+
+
 def cleanup(marker: str, pidfile: Path) -> list[int]:
     left = [p for p in escapees(pidfile) if alive(p)]
     for pid in left:
@@ -76,6 +92,7 @@ def test_compare_ends_with_no_escapee_left(
 ) -> None:
     marker, pidfile, port = uuid.uuid4().hex, tmp_path / "escapees", free_port()
     out = tmp_path / "run"
+    before = cgroups()
     try:
         proc = subprocess.run(
             _argv(out, port),
@@ -92,6 +109,7 @@ def test_compare_ends_with_no_escapee_left(
     assert len(escapees(pidfile)) == 2, "each mode's server should have left one behind"
     assert left == [] and leftovers == [], f"left behind: {left or leftovers}"
     assert free, "the port is still taken after compare ended"
+    assert cgroups() - before == set(), "a run's cgroup was left behind"
     assert proc.returncode == rc, proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert {m["label"]: m["status"] for m in report["modes"]} == statuses
@@ -139,6 +157,7 @@ def test_a_signalled_compare_leaves_no_escapee(tmp_path: Path, sig: int, rc: int
 def test_a_killed_compare_leaves_no_escapee(tmp_path: Path) -> None:
     # SIGKILL: no cleanup runs in the doctor; the guard (and its cgroup) take the tree down.
     marker, pidfile, port = uuid.uuid4().hex, tmp_path / "escapees", free_port()
+    before = cgroups()
     proc = _start_hanging(tmp_path, marker, pidfile, port)
     try:
         proc.send_signal(signal.SIGKILL)
@@ -150,3 +169,5 @@ def test_a_killed_compare_leaves_no_escapee(tmp_path: Path) -> None:
         leftovers = cleanup(marker, pidfile)
     assert left == [] and leftovers == [], f"left behind: {left or leftovers}"
     assert free, "the port is still taken after compare was killed"
+    # The guard removes it once empty, a moment after the last member died.
+    assert new_cgroups_within(before, 5) == set(), "the guard left the run's cgroup behind"

@@ -7,9 +7,11 @@ cannot be tied to the run is named, never killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -237,9 +239,28 @@ def test_a_server_that_cannot_be_executed_leaves_no_cgroup(tmp_path: Path) -> No
         with pytest.raises(OSError):
             srv.start()
         assert srv.cgroup is None
-        assert not [
-            p for p in base.iterdir() if p.name.startswith(f"offload-doctor-{srv.tag[:16]}")
-        ]
+        assert not [p for p in base.iterdir() if p.name.endswith(f"-{srv.tag[:12]}")]
         assert server.set_subreaper(False) is False  # not left on
     finally:
         server.set_subreaper(bool(before))
+
+
+def test_empty_cgroups_of_dead_runs_are_swept() -> None:
+    cgroup_or_skip()
+    base = server.own_cgroup_dir()
+    assert base is not None
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = base / f"{server.CGROUP_PREFIX}{dead.pid}-stale"
+    mine = base / f"{server.CGROUP_PREFIX}{os.getpid()}-live"
+    stale.mkdir()
+    mine.mkdir()
+    try:
+        cg = Cgroup.create("t" + os.urandom(6).hex())
+        assert cg is not None
+        cg.remove()
+        assert not stale.exists() and mine.exists()  # only a dead run's
+    finally:
+        for d in (stale, mine):
+            with contextlib.suppress(OSError):
+                d.rmdir()

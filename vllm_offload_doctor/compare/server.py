@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -666,7 +667,8 @@ class Cgroup:
         base = own_cgroup_dir()
         if base is None or not os.access(base / "cgroup.procs", os.W_OK):
             return None
-        path = base / f"{CGROUP_PREFIX}{tag[:16]}"
+        sweep_cgroups(base)
+        path = base / f"{CGROUP_PREFIX}{os.getpid()}-{tag[:12]}"
         try:
             path.mkdir()
         except OSError:
@@ -728,6 +730,22 @@ class Cgroup:
         return left
 
 
+def sweep_cgroups(base: Path) -> None:
+    """Remove the empty cgroups of runs whose offload-doctor is gone (its guard was SIGKILLed
+    too, so nobody removed them). One still holding a process is left alone."""
+    with contextlib.suppress(OSError):
+        for d in base.glob(f"{CGROUP_PREFIX}*-*"):
+            pid = d.name[len(CGROUP_PREFIX) :].split("-", 1)[0]
+            if not pid.isdigit():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                Cgroup(d).discard()
+            except OSError:
+                continue
+
+
 def own_cgroup_dir() -> Path | None:
     """This process's cgroup v2 directory (from /proc/self/cgroup and the cgroup2 mount)."""
     try:
@@ -743,11 +761,16 @@ def own_cgroup_dir() -> Path | None:
         fields = left.split()
         if len(fields) < 5 or not right.startswith("cgroup2 "):
             continue
-        root, mountpoint = fields[3], fields[4]
+        # mountinfo writes a space, tab, newline or backslash as an octal escape (\040)
+        root, mountpoint = (_unescape(f) for f in fields[3:5])
         if rel == root or rel.startswith(root.rstrip("/") + "/"):
             path = Path(mountpoint, rel[len(root.rstrip("/")) :].lstrip("/"))
             return path if path.is_dir() else None
     return None
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _live_group_member(pgid: int) -> bool:
