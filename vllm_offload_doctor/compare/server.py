@@ -491,18 +491,19 @@ class ServerProcess:
         res.stop_s = time.monotonic() - t0
         return res
 
-    def _outside(self, pgid: int) -> list[Any]:
+    def _outside(self, pgid: int, *, scan_port: bool = True) -> list[Any]:
         """Live processes of the tree outside the server's group: recorded ones, the cgroup's,
-        and the port's holder when it is ours."""
+        and the port's holder when it is ours (the scan of every process's fds only when asked:
+        a holder found once is recorded)."""
         import psutil
 
         self.record_tree()
+        if scan_port:
+            self._port_holders()
         found: dict[int, Any] = {}
         for pid in self._live():
             with contextlib.suppress(psutil.Error):
                 found[pid] = psutil.Process(pid)
-        for p in self._port_holders()[0]:
-            found.setdefault(p.pid, p)
         out = []
         for pid, p in found.items():
             try:
@@ -529,13 +530,13 @@ class ServerProcess:
                     res.swept.append(p.pid)
         return reached
 
-    def _tree_alive(self, pgid: int) -> bool:
-        return self._group_alive(pgid) or bool(self._outside(pgid))
+    def _tree_alive(self, pgid: int, *, scan_port: bool = True) -> bool:
+        return self._group_alive(pgid) or bool(self._outside(pgid, scan_port=scan_port))
 
     def _wait_tree(self, pgid: int, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if not self._tree_alive(pgid):
+            if not self._tree_alive(pgid, scan_port=False):
                 return
             time.sleep(0.05)
 
@@ -559,6 +560,7 @@ class ServerProcess:
                     q.pid for q in p.parents()
                 }:
                     ours.append(p)
+                    self.tree.setdefault(pid, TreeProc(pid, p.create_time(), p.name()))
                 else:
                     strangers.append(p)
             except psutil.Error:
