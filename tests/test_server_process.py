@@ -152,3 +152,42 @@ def test_missing_command_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         srv.start()
     assert srv.stop().signals == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="subreaper and /proc/net/tcp are Linux")
+def test_double_forked_setsid_port_holder_is_killed(tmp_path: Path) -> None:
+    # fake-vllm's escapee: forked twice (re-parented at once), setsid, no environment (no run
+    # tag), listening on the server's socket, deaf to SIGINT and SIGTERM.
+    port = free_port()
+    pidfile = tmp_path / "escapees"
+    srv = ServerProcess(
+        fake(port),
+        log_path=tmp_path / "s.log",
+        host="127.0.0.1",
+        port=port,
+        served_model="m",
+        env=dict(os.environ, FAKE_VLLM_ESCAPE=str(pidfile)),
+        grace_s=2,
+        term_s=1,
+        port_wait_s=3,
+    )
+    escapee = 0
+    try:
+        with srv:
+            assert srv.wait_ready(20).ready
+            escapee = int(pidfile.read_text())
+            assert _alive(escapee) and RUN_TAG not in psutil.Process(escapee).environ()
+        stop = srv.stop_result
+        assert stop is not None
+        assert not _alive(escapee), "the escaped port holder outlived the server"
+        assert stop.port_free is True and stop.survivors == []
+    finally:
+        if escapee and _alive(escapee):
+            os.kill(escapee, 9)

@@ -56,7 +56,7 @@ from vllm_offload_doctor.compare.model import (
     Verdict,
 )
 from vllm_offload_doctor.compare.records import Stop
-from vllm_offload_doctor.errors import DoctorError, PortInUseError, ServerStartError
+from vllm_offload_doctor.errors import DoctorError, ServerStartError
 from vllm_offload_doctor.redact import scrub_argv, scrub_data, scrub_text
 
 if TYPE_CHECKING:
@@ -342,8 +342,7 @@ class CompareRun:
         self, i: int, n: int, gb: float, role: Role, env: dict[str, str] | None = None
     ) -> ModeResult:
         from vllm_offload_doctor.compare.progress import LogFollower, Progress, RequestProgress
-        from vllm_offload_doctor.compare.server import ServerProcess
-        from vllm_offload_doctor.machine.ports import probe_port
+        from vllm_offload_doctor.compare.server import PortTaken, ServerProcess
 
         cfg = self.cfg
         label = fmt_gb(gb) + ("-fix" if role == Role.VERIFY_FIX else "")
@@ -361,12 +360,6 @@ class CompareRun:
         )
         idx = self._put_mode(mode)
         self.write()
-        state = probe_port(cfg.host, cfg.port)
-        if not state.free:
-            self._put_mode(
-                replace(mode, status=ModeStatus.NOT_STARTED, reason=state.describe()), idx
-            )
-            raise PortInUseError(f"{state.describe()}; stop it or choose another --port")
         what = f"offload {fmt_gb(gb)} GiB" + (f" with {' '.join(env)}=…" if env else "")
         prog = Progress(f"{i + 1}/{n} {what}", self.progress) if self.progress else None
         follower = LogFollower(raw_log)
@@ -399,10 +392,15 @@ class CompareRun:
                 self._put_mode(mode, idx)
                 self.write()
 
+        not_started = False
         try:
             mirror.start()
             try:
                 srv.start()
+            except PortTaken as exc:
+                not_started = True
+                mode = replace(mode, status=ModeStatus.NOT_STARTED, reason=exc.state.describe())
+                raise
             except OSError as exc:
                 raise ServerStartError(f"cannot start {shlex.join(argv[:2])}: {exc}") from exc
             sampler.start()
@@ -441,7 +439,11 @@ class CompareRun:
             if prog:
                 prog.done()
             mirror.stop()
-            mode = self._finish_mode(mode, srv, raw_log, sampler)
+            if not_started:  # nothing ran: no log, nothing to stop
+                with contextlib.suppress(OSError):
+                    (self.out / mode.log).unlink()
+            else:
+                mode = self._finish_mode(mode, srv, raw_log, sampler)
             self._put_mode(mode, idx)
             if prog and mode.stop:
                 prog.line(

@@ -2,22 +2,31 @@
 
 Lifecycle (after mirakuru/honcho, without their pitfalls):
 
+* `start()` refuses a port something already answers on (mirakuru's `pre_start_check`).
 * `Popen(argv, start_new_session=True)`, never a shell; stdout and stderr go to a log file,
   never to a pipe nobody reads.
-* The child's environment carries `OFFLOAD_DOCTOR_RUN=<uuid>`, and the process tree is recorded
-  while it runs, so grandchildren that re-parent or leave the group are still found.
+* The server's tree is ours however it forks: the child's environment carries
+  `OFFLOAD_DOCTOR_RUN=<uuid>`; offload-doctor (and the guard) are child subreapers while it runs,
+  so a double-forked, setsid descendant is re-parented to us and parentage still finds it; the
+  tree is recorded at every poll, so one seen once is still ours after it moved; where cgroup v2
+  is delegated and writable, the tree runs in a fresh child cgroup (cgroup.kill takes all of it);
+  and the process listening on the server's port is taken down when it is one of ours (a stranger
+  holding it is named in a warning, never killed).
 * Readiness: `/health` answers 200 and `/v1/models` lists the served model, polled against a
   `time.monotonic()` deadline; an early exit is noticed at the next poll (0.25 s).
-* `stop()`: SIGINT to the group, wait; SIGTERM, wait; SIGKILL; then a sweep of every recorded or
-  tagged process; then wait until the port is free. SIGINT is deferred while this runs so a second
-  Ctrl+C cannot leave a half-stopped server behind.
+* `stop()`: SIGINT to the group and every process of the tree outside it, wait; SIGTERM, wait;
+  SIGKILL (and cgroup.kill); then a sweep of every recorded, tagged or cgroup process; then wait
+  until the port is free. SIGINT is deferred while this runs so a second Ctrl+C cannot leave a
+  half-stopped server behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,7 +40,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from vllm_offload_doctor.machine.ports import probe_port
+from vllm_offload_doctor.errors import PortInUseError
+from vllm_offload_doctor.machine.ports import PortState, listening_pids, probe_port
 
 RUN_TAG = "OFFLOAD_DOCTOR_RUN"
 POLL_S = 0.25
@@ -43,6 +53,16 @@ LOG_HEAD = 64 << 20
 LOG_TAIL = 32 << 20
 LOG_CHECK_S = 0.5
 GUARD = str(Path(__file__).with_name("guard.py"))
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+CGROUP_PREFIX = "offload-doctor-"
+
+
+class PortTaken(PortInUseError):
+    """`start()` found the server's port already answering; nothing was started."""
+
+    def __init__(self, state: PortState) -> None:
+        super().__init__(f"{state.describe()}; stop it or choose another --port")
+        self.state = state
 
 
 class Terminated(KeyboardInterrupt):
@@ -78,6 +98,7 @@ class StopResult:
     survivors: list[int] = field(default_factory=list)  # pids still alive afterwards (should be [])
     port_free: bool | None = None
     log_flood: str | None = None  # "the server wrote N MB of log in M s", when its log was cut
+    port_holder: str | None = None  # "pid N (name)": not ours, holds the port, left running
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +109,7 @@ class StopResult:
             "survivors": self.survivors,
             "port_free": self.port_free,
             "log_flood": self.log_flood,
+            "port_holder": self.port_holder,
         }
 
 
@@ -179,6 +201,7 @@ class ServerProcess:
         api_key: str | None = None,
         guard: bool = True,
         max_log_bytes: int = MAX_LOG_BYTES,
+        cgroup: bool = True,
     ) -> None:
         self.argv = argv
         self.log_path = log_path
@@ -194,6 +217,9 @@ class ServerProcess:
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.sent_key = bool(api_key)
         self.guard = guard and sys.platform.startswith("linux")
+        self.use_cgroup = cgroup
+        self.cgroup: Cgroup | None = None
+        self._subreaper_was: bool | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.tree: dict[int, TreeProc] = {}
         self.started_at: float | None = None
@@ -205,6 +231,10 @@ class ServerProcess:
     # ------------------------------------------------------------------ start / readiness
 
     def start(self) -> None:
+        """Start the server; `PortTaken` when something already answers on its port."""
+        state = probe_port(self.host, self.port)
+        if not state.free:
+            raise PortTaken(state)
         exe = self.argv[0]
         if not (shutil.which(exe) if os.sep not in exe else os.access(exe, os.X_OK)):
             raise FileNotFoundError(2, "not found or not executable", exe)
@@ -214,8 +244,11 @@ class ServerProcess:
         self._log = os.fdopen(os.open(self.log_path, flags, 0o600), "wb")  # closed in stop()
         self.started_at = time.monotonic()
         argv = self.argv
+        self.cgroup = Cgroup.create(self.tag) if self.use_cgroup else None
         if self.guard:  # the server dies with us, even on SIGKILL (see guard.py)
-            argv = [sys.executable, "-I", "-S", GUARD, str(os.getpid()), "--", *argv]
+            where = ["--cgroup", str(self.cgroup.path)] if self.cgroup else []
+            argv = [sys.executable, "-I", "-S", GUARD, str(os.getpid()), *where, "--", *argv]
+        self._subreaper_was = set_subreaper(True)
         try:
             self.proc = subprocess.Popen(
                 argv,
@@ -228,7 +261,17 @@ class ServerProcess:
         except OSError:
             self._log.close()
             self._log = None
+            self._release()
+            if self.cgroup is not None:
+                self.cgroup.discard()
+                self.cgroup = None
             raise
+        # The guard moved itself already; unguarded, this is the earliest we can. Where neither
+        # got in, the cgroup goes (only while empty: it is never killed here).
+        cg = self.cgroup
+        pid = self.proc.pid
+        if cg is not None and not cg.add(pid) and pid not in cg.pids() and cg.discard():
+            self.cgroup = None
         self.log_cap.start()
         self.record_tree()
 
@@ -239,7 +282,7 @@ class ServerProcess:
             return None
         if self.guard:
             self.record_tree()
-            kids = [t.pid for t in self.tree.values() if t.pid != self.proc.pid]
+            kids = [t.pid for t in list(self.tree.values()) if t.pid != self.proc.pid]
             return min(kids, key=lambda p: self.tree[p].create_time) if kids else None
         return self.proc.pid
 
@@ -330,11 +373,14 @@ class ServerProcess:
 
         if self.proc is None:
             return
-        try:
+        procs: list[Any] = []
+        with contextlib.suppress(psutil.Error):
             root = psutil.Process(self.proc.pid)
             procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return
+        for pid in self.cgroup.pids() if self.cgroup else ():
+            if pid not in self.tree:
+                with contextlib.suppress(psutil.Error):
+                    procs.append(psutil.Process(pid))
         for p in procs:
             if p.pid in self.tree:
                 continue
@@ -352,7 +398,7 @@ class ServerProcess:
 
         self.record_tree()
         alive = []
-        for tp in self.tree.values():
+        for tp in list(self.tree.values()):  # the host sampler's thread records too
             try:
                 p = psutil.Process(tp.pid)
                 if p.create_time() == tp.create_time and p.status() != psutil.STATUS_ZOMBIE:
@@ -397,42 +443,163 @@ class ServerProcess:
         self.record_tree()
         pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
         for sig, wait_s in ((signal.SIGINT, self.grace_s), (signal.SIGTERM, self.term_s)):
-            if not self._group_alive(pgid) and self.proc.poll() is not None:
+            if not self._tree_alive(pgid):
                 break
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
+            if self._signal_all(pgid, sig, res):
                 res.signals.append(sig.name)
-            self._wait_group(pgid, wait_s)
-        if self._group_alive(pgid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+            self._wait_tree(pgid, wait_s)
+        if self._tree_alive(pgid):
+            reached = self._signal_all(pgid, signal.SIGKILL, res)
+            if self.cgroup is not None and self.cgroup.kill():
+                reached = True
+            if reached:
                 res.signals.append("SIGKILL")
         try:
             res.returncode = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             res.returncode = self.proc.wait()
-        # Sweep: recorded descendants that left the group, and anything carrying our tag.
+        # Sweep: recorded descendants that left the group, what carries our tag, what is in our
+        # cgroup, and the port's holder when it is ours.
+        self.record_tree()
         leftovers: dict[int, Any] = {}
         for pid in self._live():
             with contextlib.suppress(psutil.Error):
                 leftovers[pid] = psutil.Process(pid)
-        for p in self._tagged():
+        for p in [*self._tagged(), *self._port_holders()[0]]:
             leftovers.setdefault(p.pid, p)
         for p in leftovers.values():
             with contextlib.suppress(psutil.Error):
                 p.kill()
-                res.swept.append(p.pid)
+                if p.pid not in res.swept:
+                    res.swept.append(p.pid)
         _gone, alive = psutil.wait_procs(list(leftovers.values()), timeout=5)
-        res.survivors = sorted(p.pid for p in alive)
+        survivors = {p.pid for p in alive}
+        if self.cgroup is not None:
+            survivors.update(self.cgroup.remove())
+        res.survivors = sorted(survivors)
+        self._reap_ours()
+        self._release()
         if self._log is not None:
             self._log.close()
             self._log = None
         self.log_cap.stop()
         res.log_flood = self.log_cap.flood()
         res.port_free = self.wait_port_free(self.port_wait_s)
+        if not res.port_free:
+            res.port_holder = self._name_stranger()
         res.stop_s = time.monotonic() - t0
         return res
+
+    def _outside(self, pgid: int, *, scan_port: bool = True) -> list[Any]:
+        """Live processes of the tree outside the server's group: recorded ones, the cgroup's,
+        and the port's holder when it is ours (the scan of every process's fds only when asked:
+        a holder found once is recorded)."""
+        import psutil
+
+        self.record_tree()
+        if scan_port:
+            self._port_holders()
+        found: dict[int, Any] = {}
+        for pid in self._live():
+            with contextlib.suppress(psutil.Error):
+                found[pid] = psutil.Process(pid)
+        out = []
+        for pid, p in found.items():
+            try:
+                if pid != pgid and os.getpgid(pid) != pgid:
+                    out.append(p)
+            except (ProcessLookupError, PermissionError):
+                continue
+        return out
+
+    def _signal_all(self, pgid: int, sig: signal.Signals, res: StopResult) -> bool:
+        """`sig` to the server's group and to each process of the tree outside it (a SIGKILL
+        by pid is a sweep); whether it reached any."""
+        import psutil
+
+        reached = False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+            reached = True
+        for p in self._outside(pgid):
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+                reached = True
+                if sig == signal.SIGKILL and p.pid not in res.swept:
+                    res.swept.append(p.pid)
+        return reached
+
+    def _tree_alive(self, pgid: int, *, scan_port: bool = True) -> bool:
+        return self._group_alive(pgid) or bool(self._outside(pgid, scan_port=scan_port))
+
+    def _wait_tree(self, pgid: int, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not self._tree_alive(pgid, scan_port=False):
+                return
+            time.sleep(0.05)
+
+    def _port_holders(self) -> tuple[list[Any], list[Any]]:
+        """Processes listening on the server's port: (ours, strangers). Ours: recorded in the
+        tree, or descended from offload-doctor (a subreaper, so orphans of the tree are)."""
+        import psutil
+
+        try:
+            if probe_port(self.host, self.port).free:
+                return [], []
+        except OSError:
+            return [], []
+        me = os.getpid()
+        ours, strangers = [], []
+        for pid in sorted(listening_pids(self.port) - {me}):
+            try:
+                p = psutil.Process(pid)
+                seen = self.tree.get(pid)
+                if (seen and seen.create_time == p.create_time()) or me in {
+                    q.pid for q in p.parents()
+                }:
+                    ours.append(p)
+                    self.tree.setdefault(pid, TreeProc(pid, p.create_time(), p.name()))
+                else:
+                    strangers.append(p)
+            except psutil.Error:
+                continue
+        return ours, strangers
+
+    def _name_stranger(self) -> str | None:
+        """The port is still taken: name whoever holds it, in a warning (it is not ours)."""
+        import psutil
+
+        strangers = self._port_holders()[1]
+        if not strangers:
+            return None
+        names = []
+        for p in strangers:
+            try:
+                names.append(f"pid {p.pid} ({p.name()})")
+            except psutil.Error:
+                names.append(f"pid {p.pid}")
+        who = ", ".join(names)
+        sys.stderr.write(
+            f"offload-doctor: warning: port {self.port} is still held by {who}, which this run "
+            "did not start; left running\n"
+        )
+        return who
+
+    def _reap_ours(self) -> None:
+        """Orphans of the tree re-parented to us (subreaper) that died: reaped, so no zombie
+        outlives the run. Only pids of the tree: other children are waited for by their owners."""
+        own = self.proc.pid if self.proc is not None else None
+        for pid in list(self.tree):
+            if pid != own:
+                with contextlib.suppress(OSError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    def _release(self) -> None:
+        if self._subreaper_was is not None:
+            set_subreaper(self._subreaper_was)
+            self._subreaper_was = None
 
     def _group_alive(self, pgid: int) -> bool:
         if self.proc is not None:
@@ -448,13 +615,6 @@ class ServerProcess:
         # The leader is gone: zombies (orphans not yet reaped, e.g. when pid 1 does not reap)
         # still answer killpg, so look for a live member of the group.
         return _live_group_member(pgid)
-
-    def _wait_group(self, pgid: int, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not self._group_alive(pgid):
-                return
-            time.sleep(0.05)
 
     def wait_port_free(self, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
@@ -476,6 +636,143 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def set_subreaper(on: bool) -> bool | None:
+    """Make this process a child subreaper (Linux): orphans of its descendants are re-parented
+    to it, not to init. Returns the previous setting; None where there is no such thing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        was = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
+            return None
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return bool(was.value)
+
+
+class Cgroup:
+    """A fresh cgroup v2 under our own, for one server tree: every process it forks is born in
+    it (setsid or double fork change nothing), and cgroup.kill takes them all at once. Only
+    where cgroup v2 is mounted, our cgroup is writable (delegated, or root) and the kernel has
+    cgroup.kill (5.14); otherwise `create` returns None and the tree is found as before."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, tag: str) -> Cgroup | None:
+        base = own_cgroup_dir()
+        if base is None or not os.access(base / "cgroup.procs", os.W_OK):
+            return None
+        sweep_cgroups(base)
+        path = base / f"{CGROUP_PREFIX}{os.getpid()}-{tag[:12]}"
+        try:
+            path.mkdir()
+        except OSError:
+            return None
+        cg = cls(path)
+        if not (path / "cgroup.kill").exists() or not os.access(path / "cgroup.procs", os.W_OK):
+            cg.discard()
+            return None
+        return cg
+
+    def discard(self) -> bool:
+        """Remove it if it is empty; whether it is gone."""
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            return False
+        return True
+
+    def add(self, pid: int) -> bool:
+        try:
+            (self.path / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            return False
+        return True
+
+    def pids(self) -> list[int]:
+        """Every process in it (nested cgroups the server made included)."""
+        pids: list[int] = []
+        for dirpath, _dirs, _files in os.walk(self.path):
+            with contextlib.suppress(OSError, ValueError):
+                pids.extend(int(x) for x in Path(dirpath, "cgroup.procs").read_text().split())
+        return pids
+
+    def populated(self) -> bool:
+        try:
+            return "populated 1" in (self.path / "cgroup.events").read_text()
+        except OSError:
+            return False
+
+    def kill(self) -> bool:
+        if not self.populated():
+            return False
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:
+            return False
+        return True
+
+    def remove(self, wait_s: float = 5.0) -> list[int]:
+        """Kill what is left, wait until it is empty and remove it; the pids that would not go."""
+        self.kill()
+        deadline = time.monotonic() + wait_s
+        while self.populated() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = self.pids()
+        for dirpath, _dirs, _files in sorted(os.walk(self.path), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+        return left
+
+
+def sweep_cgroups(base: Path) -> None:
+    """Remove the empty cgroups of runs whose offload-doctor is gone (its guard was SIGKILLed
+    too, so nobody removed them). One still holding a process is left alone."""
+    with contextlib.suppress(OSError):
+        for d in base.glob(f"{CGROUP_PREFIX}*-*"):
+            pid = d.name[len(CGROUP_PREFIX) :].split("-", 1)[0]
+            if not pid.isdigit():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                Cgroup(d).discard()
+            except OSError:
+                continue
+
+
+def own_cgroup_dir() -> Path | None:
+    """This process's cgroup v2 directory (from /proc/self/cgroup and the cgroup2 mount)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((ln[3:] for ln in lines if ln.startswith("0::")), None)
+    if rel is None or not rel.startswith("/"):
+        return None
+    for line in mounts:
+        left, _sep, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right.startswith("cgroup2 "):
+            continue
+        # mountinfo writes a space, tab, newline or backslash as an octal escape (\040)
+        root, mountpoint = (_unescape(f) for f in fields[3:5])
+        if rel == root or rel.startswith(root.rstrip("/") + "/"):
+            path = Path(mountpoint, rel[len(root.rstrip("/")) :].lstrip("/"))
+            return path if path.is_dir() else None
+    return None
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _live_group_member(pgid: int) -> bool:

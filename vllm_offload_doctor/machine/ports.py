@@ -1,8 +1,9 @@
-"""Is a TCP port free, and if not, which process holds it."""
+"""Is a TCP port free, and if not, which processes hold it."""
 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from dataclasses import dataclass
 
@@ -53,3 +54,64 @@ def _holder(port: int) -> tuple[int | None, str | None]:
     except Exception:  # psutil may be denied the connection table; the answer is still "taken"
         return None, None
     return None, None
+
+
+def listening_pids(port: int) -> set[int]:
+    """Pids holding a listening TCP socket on `port` (any address): the socket inodes from
+    /proc/net/tcp{,6}, then the processes with one of them open. psutil where /proc has no
+    such table; empty when nothing can be read."""
+    inodes: set[str] = set()
+    tables = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as f:
+                next(f, None)  # the header
+                tables += 1
+                for line in f:
+                    cols = line.split()
+                    # local "ADDR:PORT" in hex, state 0A is LISTEN, inode in column 10
+                    if (
+                        len(cols) > 9
+                        and cols[3] == "0A"
+                        and int(cols[1].rsplit(":", 1)[1], 16) == port
+                    ):
+                        inodes.add(cols[9])
+        except (OSError, ValueError, IndexError):
+            continue
+    if not tables:
+        return _listening_pids_psutil(port)
+    wanted = {f"socket:[{i}]" for i in inodes if i != "0"}
+    pids: set[int] = set()
+    if not wanted:
+        return pids
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}") in wanted:
+                    pids.add(int(name))
+                    break
+            except OSError:
+                continue
+    return pids
+
+
+def _listening_pids_psutil(port: int) -> set[int]:
+    try:
+        import psutil
+
+        return {
+            c.pid
+            for c in psutil.net_connections(kind="tcp")
+            if c.pid is not None
+            and c.laddr
+            and c.laddr.port == port
+            and c.status == psutil.CONN_LISTEN
+        }
+    except Exception:  # denied the connection table: nothing known
+        return set()
