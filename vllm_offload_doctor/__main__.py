@@ -15,6 +15,12 @@ def main() -> None:
     if sys.argv[1:] in (["--version"], ["-V"]):
         sys.stdout.write(VERSION_LINE + "\n")
         return
+    import atexit
+    import gc
+
+    # The process is ending: leave what the command allocated to it rather than to the collector's
+    # passes over every object at shutdown (20-30 ms, a sixth of `check`). atexit runs before them.
+    atexit.register(gc.freeze)
     from vllm_offload_doctor.cli import main as run
 
     run()
