@@ -11,6 +11,8 @@ Each round runs, as fresh subprocesses and interleaved so that all see the same 
 * `phases`: one interpreter that imports what `check` imports, then calls each probe of the
   `RealProbe` alone, in turn, then runs every check (`run_checks`, probes overlapped as in `check`)
   and renders the JSON. The sum of the probes against `run_checks` shows what the overlap saves;
+* `timeline`: the real `check --format json` through the console script's main, its probes and
+  run_checks wrapped to note when each ran: what overlaps, and what waits on what;
 * `baseline check` (with --baseline TREE): the same command on another tree (a checkout of main),
   for a before/after in one run.
 
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +89,50 @@ out["notes"] = notes
 print(json.dumps(out))
 """
 
+# The real `check --format json` (the console script's main), each probe and run_checks wrapped
+# to note when it ran: prints on stderr the wall clock (time.time()) of each mark, for offsets
+# from the spawn.
+TIMELINE = r"""
+import time
+marks = {"python up": time.time()}
+import atexit, json, sys
+from vllm_offload_doctor import cli
+marks["cli imported"] = time.time()
+from vllm_offload_doctor import checks
+from vllm_offload_doctor.machine import probes
+spans = {}
+
+def wrap(name, fn):
+    def timed(*args, **kwargs):
+        start = time.time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spans.setdefault(name, (start, time.time()))
+    return timed
+
+class Timed(probes.RealProbe):
+    pass
+
+for name in ("platform", "interpreter", "nvml", "host_memory", "port", "environ"):
+    setattr(Timed, name, wrap(name, getattr(probes.RealProbe, name)))
+probes.RealProbe = Timed
+checks.run_checks = wrap("run_checks", checks.run_checks)
+
+def done():
+    marks["exit"] = time.time()
+    sys.stderr.write("TIMELINE " + json.dumps({"marks": marks, "spans": spans}) + "\n")
+
+atexit.register(done)  # registered first, so it runs last of the exit handlers
+sys.argv = ["offload-doctor", "check", "--format", "json"]
+from vllm_offload_doctor.__main__ import main
+main()
+"""
+
+# The timeline's rows: marks (one time) and spans (start, end), in the order they happen.
+TIMELINE_MARKS = ("python up", "cli imported", "exit")
+TIMELINE_SPANS = ("run_checks", "nvml", "interpreter", "platform", "host_memory", "port", "environ")
+
 # The phases, in the order of the table: (key in the child's answer, label).
 PHASE_ROWS = (
     ("imports", "imports (cli, check command, checks, probes)"),
@@ -103,12 +150,36 @@ PHASE_ROWS = (
 )
 
 
-def time_once(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    start = time.perf_counter()
+class Run(NamedTuple):
+    elapsed_ms: float
+    rc: int
+    stdout: str
+    stderr: str
+    spawned: float  # time.time() just before the spawn
+
+
+def time_once(argv: list[str], env: dict[str, str]) -> Run:
     # In the tree timed: `python -m` puts the working directory first on sys.path.
     cwd = env["PYTHONPATH"].split(os.pathsep)[0]
+    spawned = time.time()
+    start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, check=False)
-    return time.perf_counter() - start, proc.returncode, proc.stdout
+    elapsed = (time.perf_counter() - start) * 1e3
+    return Run(elapsed, proc.returncode, proc.stdout, proc.stderr, spawned)
+
+
+def timeline_offsets(run: Run) -> dict[str, float] | None:
+    """Milliseconds from the spawn to each mark, and to the start and end of each span."""
+    line = next((x for x in run.stderr.splitlines() if x.startswith("TIMELINE ")), None)
+    if line is None:
+        return None
+    data = json.loads(line.removeprefix("TIMELINE "))
+    out = {name: (t - run.spawned) * 1e3 for name, t in data["marks"].items()}
+    for name, (start, end) in data["spans"].items():
+        out[f"{name} start"] = (start - run.spawned) * 1e3
+        out[f"{name} end"] = (end - run.spawned) * 1e3
+    out["process end"] = run.elapsed_ms
+    return out
 
 
 def stats(samples: list[float]) -> dict[str, float]:
@@ -178,6 +249,7 @@ def main() -> int:
         "check": (check_argv, env),
         "bare_python": ([py, "-c", "pass"], env),
         "phases": ([py, "-c", PHASES], env),
+        "timeline": ([py, "-c", TIMELINE], env),
     }
     if smi_path:
         commands["nvidia_smi_q"] = ([smi_path, "-q"], env)
@@ -189,14 +261,17 @@ def main() -> int:
     walls: dict[str, list[float]] = {name: [] for name in commands}
     codes: dict[str, set[int]] = {name: set() for name in commands}
     phases: list[dict[str, float]] = []
+    timelines: list[dict[str, float]] = []
     notes: dict[str, str] = {}
     for _ in range(args.n):
         for name, (argv, cmd_env) in commands.items():
-            elapsed, rc, stdout = time_once(argv, cmd_env)
-            walls[name].append(elapsed * 1e3)
-            codes[name].add(rc)
-            if name == "phases" and rc == 0:
-                answer = json.loads(stdout.strip().splitlines()[-1])
+            run = time_once(argv, cmd_env)
+            walls[name].append(run.elapsed_ms)
+            codes[name].add(run.rc)
+            if name == "timeline" and (offsets := timeline_offsets(run)) is not None:
+                timelines.append(offsets)
+            if name == "phases" and run.rc == 0:
+                answer = json.loads(run.stdout.strip().splitlines()[-1])
                 notes = answer.pop("notes")
                 answer["probes_sum"] = sum(
                     answer[k]
@@ -225,6 +300,11 @@ def main() -> int:
             for key, _ in PHASE_ROWS
         },
         "phase_notes": notes,
+        "timeline_ms": {
+            key: round(statistics.median(t[key] for t in timelines), 1)
+            for key in (timelines[0] if timelines else {})
+            if all(key in t for t in timelines)
+        },
         "doctor_over_bare_python_ms": round(med["check"] - med["bare_python"], 1),
     }
     if smi_path:
@@ -265,6 +345,22 @@ def table(result: dict[str, object], smi: bool, baseline: bool) -> str:
     lines.append("phases (one interpreter, each probe alone; median):")
     for key, label in PHASE_ROWS:
         lines.append(f"  {label:<48} {phases[key]:>10.1f}")
+    timeline = result["timeline_ms"]
+    assert isinstance(timeline, dict)
+    if timeline:
+        lines.append("timeline of one real check (ms from the spawn; median):")
+        lines.extend(
+            f"  {mark:<48} {timeline[mark]:>10.1f}"
+            for mark in TIMELINE_MARKS[:2]
+            if mark in timeline
+        )
+        for span in TIMELINE_SPANS:
+            if f"{span} start" in timeline:
+                start, end = timeline[f"{span} start"], timeline[f"{span} end"]
+                label = f"{span}: {start:.1f} to {end:.1f}"
+                lines.append(f"  {label:<48} {end - start:>10.1f}")
+        ends = (*TIMELINE_MARKS[2:], "process end")
+        lines.extend(f"  {mark:<48} {timeline[mark]:>10.1f}" for mark in ends if mark in timeline)
     notes = result["phase_notes"]
     assert isinstance(notes, dict)
     lines.extend(f"  note, {k}: {v}" for k, v in notes.items())
