@@ -96,8 +96,22 @@ TIMELINE = r"""
 import time
 marks = {"python up": time.time()}
 import atexit, json, sys
-from vllm_offload_doctor import cli
-marks["cli imported"] = time.time()
+
+class Seen:
+    # Notes when the import of a module of interest begins; finds nothing itself.
+    names = {
+        "vllm_offload_doctor.cli": "cli import begins",
+        "vllm_offload_doctor.checks.cli": "check command import begins",
+        "pynvml": "pynvml import begins",
+    }
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name in cls.names:
+            marks.setdefault(cls.names[name], time.time())
+        return None
+
+sys.meta_path.insert(0, Seen)
 from vllm_offload_doctor import checks
 from vllm_offload_doctor.machine import probes
 spans = {}
@@ -117,10 +131,11 @@ class Timed(probes.RealProbe):
 for name in ("platform", "interpreter", "nvml", "host_memory", "port", "environ"):
     setattr(Timed, name, wrap(name, getattr(probes.RealProbe, name)))
 probes.RealProbe = Timed
+probes.read_nvml = wrap("read_nvml (NVML itself)", probes.read_nvml)
 checks.run_checks = wrap("run_checks", checks.run_checks)
 
 def done():
-    marks["exit"] = time.time()
+    marks["exit handlers"] = time.time()
     sys.stderr.write("TIMELINE " + json.dumps({"marks": marks, "spans": spans}) + "\n")
 
 atexit.register(done)  # registered first, so it runs last of the exit handlers
@@ -128,10 +143,6 @@ sys.argv = ["offload-doctor", "check", "--format", "json"]
 from vllm_offload_doctor.__main__ import main
 main()
 """
-
-# The timeline's rows: marks (one time) and spans (start, end), in the order they happen.
-TIMELINE_MARKS = ("python up", "cli imported", "exit")
-TIMELINE_SPANS = ("run_checks", "nvml", "interpreter", "platform", "host_memory", "port", "environ")
 
 # The phases, in the order of the table: (key in the child's answer, label).
 PHASE_ROWS = (
@@ -178,7 +189,7 @@ def timeline_offsets(run: Run) -> dict[str, float] | None:
     for name, (start, end) in data["spans"].items():
         out[f"{name} start"] = (start - run.spawned) * 1e3
         out[f"{name} end"] = (end - run.spawned) * 1e3
-    out["process end"] = run.elapsed_ms
+    out["process exited"] = run.elapsed_ms
     return out
 
 
@@ -348,19 +359,17 @@ def table(result: dict[str, object], smi: bool, baseline: bool) -> str:
     timeline = result["timeline_ms"]
     assert isinstance(timeline, dict)
     if timeline:
-        lines.append("timeline of one real check (ms from the spawn; median):")
-        lines.extend(
-            f"  {mark:<48} {timeline[mark]:>10.1f}"
-            for mark in TIMELINE_MARKS[:2]
-            if mark in timeline
-        )
-        for span in TIMELINE_SPANS:
-            if f"{span} start" in timeline:
-                start, end = timeline[f"{span} start"], timeline[f"{span} end"]
-                label = f"{span}: {start:.1f} to {end:.1f}"
-                lines.append(f"  {label:<48} {end - start:>10.1f}")
-        ends = (*TIMELINE_MARKS[2:], "process end")
-        lines.extend(f"  {mark:<48} {timeline[mark]:>10.1f}" for mark in ends if mark in timeline)
+        lines.append("timeline of one real check (ms from the spawn; median), in order:")
+        rows: list[tuple[float, str, str]] = []
+        for key, t in timeline.items():
+            if key.endswith(" end"):
+                continue
+            if key.endswith(" start"):
+                span, end = key.removesuffix(" start"), timeline[key.replace(" start", " end")]
+                rows.append((t, f"{span}: {t:.1f} to {end:.1f}", f"{end - t:>10.1f}"))
+            else:
+                rows.append((t, key, f"{t:>10.1f}"))
+        lines.extend(f"  {label:<48} {figure}" for _, label, figure in sorted(rows))
     notes = result["phase_notes"]
     assert isinstance(notes, dict)
     lines.extend(f"  note, {k}: {v}" for k, v in notes.items())

@@ -357,3 +357,27 @@ def test_the_process_leaves_its_objects_to_the_exit() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "frozen at exit: True"
+
+
+@pytest.mark.parametrize(
+    ("argv", "early"),
+    [
+        (["check"], True),
+        (["check", "--format", "json", "--offload-gb", "4"], True),
+        (["check", "--list"], False),
+        (["check", "--help"], False),
+        (["analyze", "x.log"], False),
+    ],
+)
+def test_the_console_script_begins_nvml_before_the_cli_for_check(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], early: bool
+) -> None:
+    from vllm_offload_doctor import __main__ as entry
+    from vllm_offload_doctor import cli as cli_module
+
+    order: list[str] = []
+    monkeypatch.setattr(probes, "start_nvml", lambda: order.append("nvml"))
+    monkeypatch.setattr(cli_module, "main", lambda: order.append("cli"))
+    monkeypatch.setattr(sys, "argv", ["offload-doctor", *argv])
+    entry.main()
+    assert order == (["nvml", "cli"] if early else ["cli"])

@@ -486,6 +486,30 @@ def test_read_nvml_takes_the_drivers_reserve_from_the_v2_record(
     assert gpu.memory_usable == gpu.memory_total - 644_939_776  # type: ignore[operator]
 
 
+def test_an_nvml_read_begun_early_is_the_real_probes_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[int] = []
+
+    def counted() -> probes.NvmlInfo:
+        reads.append(1)
+        return probes.NvmlInfo(driver_version=f"read {len(reads)}")
+
+    monkeypatch.setattr(probes, "read_nvml", counted)
+    probes.start_nvml()
+    assert RealProbe().nvml().driver_version == "read 1"  # the early read, taken once
+    assert RealProbe().nvml().driver_version == "read 2"  # then read again
+    assert len(reads) == 2
+
+    def broken() -> probes.NvmlInfo:
+        raise RuntimeError("pynvml exploded")
+
+    monkeypatch.setattr(probes, "read_nvml", broken)
+    probes.start_nvml()
+    with pytest.raises(RuntimeError, match="pynvml exploded"):  # raised where it is read
+        RealProbe().nvml()
+
+
 def test_read_nvml_without_the_v2_record_has_no_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     (gpu,) = read_nvml().gpus

@@ -16,6 +16,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -146,7 +147,7 @@ class RealProbe:
         return replace(info, own=source.startswith(OWN_SOURCE))
 
     def nvml(self) -> NvmlInfo:
-        return read_nvml()
+        return take_early_nvml() or read_nvml()
 
     def host_memory(self) -> HostMemory:
         total, available, swap_total, swap_free = read_meminfo(self.root) or _psutil_memory()
@@ -406,6 +407,40 @@ def _read_text(path: Path) -> str | None:
 # --- NVML --------------------------------------------------------------------------------
 
 T = TypeVar("T")
+
+# NVML reads begun by `start_nvml`, each with the box its answer lands in.
+_EARLY: list[tuple[threading.Thread, list[NvmlInfo | Exception]]] = []
+
+
+def start_nvml() -> None:
+    """Begin `read_nvml` in a thread now, for the next `RealProbe.nvml()` to take.
+
+    The driver's start-up is check's longest wait and releases the GIL: begun when the process
+    starts, it runs while the command line is parsed and the CLI imported.
+    """
+    box: list[NvmlInfo | Exception] = []
+
+    def read() -> None:
+        try:
+            box.append(read_nvml())
+        except Exception as exc:  # raised to the reader, as if it had called read_nvml
+            box.append(exc)
+
+    thread = threading.Thread(target=read, name="nvml", daemon=True)
+    thread.start()
+    _EARLY.append((thread, box))
+
+
+def take_early_nvml() -> NvmlInfo | None:
+    """The answer of a read `start_nvml` began (waiting for it), or None if none was begun."""
+    try:
+        thread, box = _EARLY.pop()
+    except IndexError:
+        return None
+    thread.join()
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
 
 
 def read_nvml() -> NvmlInfo:
