@@ -376,6 +376,7 @@ def table(result: dict[str, object], smi: bool, baseline: bool) -> str:
     if smi:
         lines.append(
             f"ratio check / nvidia-smi -q (median): {result['ratio_check_over_smi_median']:.2f}"
+            " (goal <= 2, issue 17)"
         )
     else:
         lines.append("no nvidia-smi timed (--no-gpu or none on PATH)")

@@ -1,9 +1,10 @@
 """Everything `check` reads from the machine, behind one `Probe` Protocol so tests pass fakes.
 
 The real probe never imports torch or vllm: versions come from package metadata read by a
-short `python -c` in the interpreter that runs vLLM, GPUs from NVML, memory from /proc/meminfo
-(psutil where that does not answer) and the cgroup files. pynvml and psutil are imported inside
-the methods so that the CLI starts fast.
+short `python -c` in the interpreter that runs vLLM (read here when that is this interpreter),
+GPUs from NVML (`start_nvml` begins that read early), memory from /proc/meminfo (psutil where that
+does not answer) and the cgroup files. pynvml and psutil are imported inside the methods so that
+the CLI starts fast.
 """
 
 from __future__ import annotations
