@@ -97,23 +97,6 @@ import time
 marks = {"python up": time.time()}
 import atexit, json, sys
 
-class Seen:
-    # Notes when the import of a module of interest begins; finds nothing itself.
-    names = {
-        "vllm_offload_doctor.cli": "cli import begins",
-        "vllm_offload_doctor.checks.cli": "check command import begins",
-        "pynvml": "pynvml import begins",
-    }
-
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name in cls.names:
-            marks.setdefault(cls.names[name], time.time())
-        return None
-
-sys.meta_path.insert(0, Seen)
-from vllm_offload_doctor import checks
-from vllm_offload_doctor.machine import probes
 spans = {}
 
 def wrap(name, fn):
@@ -125,14 +108,59 @@ def wrap(name, fn):
             spans.setdefault(name, (start, time.time()))
     return timed
 
-class Timed(probes.RealProbe):
-    pass
+def patch_probes(probes):
+    class Timed(probes.RealProbe):
+        pass
+    for name in ("platform", "interpreter", "nvml", "host_memory", "port", "environ"):
+        setattr(Timed, name, wrap(name, getattr(probes.RealProbe, name)))
+    probes.RealProbe = Timed
+    probes.read_nvml = wrap("read_nvml (NVML itself)", probes.read_nvml)
 
-for name in ("platform", "interpreter", "nvml", "host_memory", "port", "environ"):
-    setattr(Timed, name, wrap(name, getattr(probes.RealProbe, name)))
-probes.RealProbe = Timed
-probes.read_nvml = wrap("read_nvml (NVML itself)", probes.read_nvml)
-checks.run_checks = wrap("run_checks", checks.run_checks)
+def patch_checks(checks):
+    checks.run_checks = wrap("run_checks", checks.run_checks)
+
+def patch_early(early):
+    if hasattr(early, "_init"):
+        early._init = wrap("early: import pynvml + nvmlInit", early._init)
+
+class Seen:
+    # Notes when the import of a module of interest begins, and patches two once they are
+    # loaded, so that nothing of the doctor is imported before main() would import it.
+    names = {
+        "vllm_offload_doctor.cli": "cli import begins",
+        "vllm_offload_doctor.checks.cli": "check command import begins",
+        "pynvml": "pynvml import begins",
+    }
+    patches = {
+        "vllm_offload_doctor.machine.probes": patch_probes,
+        "vllm_offload_doctor.checks": patch_checks,
+        "vllm_offload_doctor.machine.early": patch_early,
+    }
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name in cls.names:
+            marks.setdefault(cls.names[name], time.time())
+        patch = cls.patches.get(name)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is not cls and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        else:
+            return None
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, Seen)
 
 def done():
     marks["exit handlers"] = time.time()

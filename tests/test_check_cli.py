@@ -19,7 +19,7 @@ from vllm_offload_doctor.checks import Options, Status, run_checks
 from vllm_offload_doctor.checks.context import GIB
 from vllm_offload_doctor.checks.render import RENDERERS, render
 from vllm_offload_doctor.cli import main
-from vllm_offload_doctor.machine import probes
+from vllm_offload_doctor.machine import early, probes
 from vllm_offload_doctor.machine.ports import PortState
 from vllm_offload_doctor.machine.probes import GpuProcess
 from vllm_offload_doctor.output.formats import OutputFormat
@@ -360,7 +360,7 @@ def test_the_process_leaves_its_objects_to_the_exit() -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "early"),
+    ("argv", "begins"),
     [
         (["check"], True),
         (["check", "--format", "json", "--offload-gb", "4"], True),
@@ -370,14 +370,14 @@ def test_the_process_leaves_its_objects_to_the_exit() -> None:
     ],
 )
 def test_the_console_script_begins_nvml_before_the_cli_for_check(
-    monkeypatch: pytest.MonkeyPatch, argv: list[str], early: bool
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], begins: bool
 ) -> None:
     from vllm_offload_doctor import __main__ as entry
     from vllm_offload_doctor import cli as cli_module
 
     order: list[str] = []
-    monkeypatch.setattr(probes, "start_nvml", lambda: order.append("nvml"))
+    monkeypatch.setattr(early, "start_nvml", lambda: order.append("nvml"))
     monkeypatch.setattr(cli_module, "main", lambda: order.append("cli"))
     monkeypatch.setattr(sys, "argv", ["offload-doctor", *argv])
     entry.main()
-    assert order == (["nvml", "cli"] if early else ["cli"])
+    assert order == (["nvml", "cli"] if begins else ["cli"])

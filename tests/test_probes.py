@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from vllm_offload_doctor.machine import probes
+from vllm_offload_doctor.machine import early, probes
 from vllm_offload_doctor.machine.modelsize import (
     ModelNotFoundError,
     ModelSizeUnknownError,
@@ -496,7 +496,7 @@ def test_an_nvml_read_begun_early_is_the_real_probes_answer(
         return probes.NvmlInfo(driver_version=f"read {len(reads)}")
 
     monkeypatch.setattr(probes, "read_nvml", counted)
-    probes.start_nvml()
+    early.start_nvml()
     assert RealProbe().nvml().driver_version == "read 1"  # the early read, taken once
     assert RealProbe().nvml().driver_version == "read 2"  # then read again
     assert len(reads) == 2
@@ -505,7 +505,7 @@ def test_an_nvml_read_begun_early_is_the_real_probes_answer(
         raise RuntimeError("pynvml exploded")
 
     monkeypatch.setattr(probes, "read_nvml", broken)
-    probes.start_nvml()
+    early.start_nvml()
     with pytest.raises(RuntimeError, match="pynvml exploded"):  # raised where it is read
         RealProbe().nvml()
 

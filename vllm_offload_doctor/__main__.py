@@ -17,7 +17,7 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["check"] and not {"-h", "--help", "--list"} & set(sys.argv[2:]):
         # check waits longest on the NVIDIA driver's start-up: begin it while the CLI imports.
-        from vllm_offload_doctor.machine.probes import start_nvml
+        from vllm_offload_doctor.machine.early import start_nvml
 
         start_nvml()
     import atexit

@@ -2,7 +2,7 @@
 
 The real probe never imports torch or vllm: versions come from package metadata read by a
 short `python -c` in the interpreter that runs vLLM (read here when that is this interpreter),
-GPUs from NVML (`start_nvml` begins that read early), memory from /proc/meminfo (psutil where that
+GPUs from NVML (`early.start_nvml` begins that read at start-up), memory from /proc/meminfo (psutil where that
 does not answer) and the cgroup files. pynvml and psutil are imported inside the methods so that
 the CLI starts fast.
 """
@@ -17,12 +17,12 @@ import resource
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from vllm_offload_doctor.machine.early import take_nvml
 from vllm_offload_doctor.machine.modelsize import ModelSize, inspect_model
 from vllm_offload_doctor.machine.ports import PortState, probe_port
 
@@ -148,7 +148,7 @@ class RealProbe:
         return replace(info, own=source.startswith(OWN_SOURCE))
 
     def nvml(self) -> NvmlInfo:
-        return take_early_nvml() or read_nvml()
+        return take_nvml() or read_nvml()
 
     def host_memory(self) -> HostMemory:
         total, available, swap_total, swap_free = read_meminfo(self.root) or _psutil_memory()
@@ -408,40 +408,6 @@ def _read_text(path: Path) -> str | None:
 # --- NVML --------------------------------------------------------------------------------
 
 T = TypeVar("T")
-
-# NVML reads begun by `start_nvml`, each with the box its answer lands in.
-_EARLY: list[tuple[threading.Thread, list[NvmlInfo | Exception]]] = []
-
-
-def start_nvml() -> None:
-    """Begin `read_nvml` in a thread now, for the next `RealProbe.nvml()` to take.
-
-    The driver's start-up is check's longest wait and releases the GIL: begun when the process
-    starts, it runs while the command line is parsed and the CLI imported.
-    """
-    box: list[NvmlInfo | Exception] = []
-
-    def read() -> None:
-        try:
-            box.append(read_nvml())
-        except Exception as exc:  # raised to the reader, as if it had called read_nvml
-            box.append(exc)
-
-    thread = threading.Thread(target=read, name="nvml", daemon=True)
-    thread.start()
-    _EARLY.append((thread, box))
-
-
-def take_early_nvml() -> NvmlInfo | None:
-    """The answer of a read `start_nvml` began (waiting for it), or None if none was begun."""
-    try:
-        thread, box = _EARLY.pop()
-    except IndexError:
-        return None
-    thread.join()
-    if isinstance(box[0], Exception):
-        raise box[0]
-    return box[0]
 
 
 def read_nvml() -> NvmlInfo:
