@@ -19,7 +19,7 @@ from vllm_offload_doctor.checks import Options, Status, run_checks
 from vllm_offload_doctor.checks.context import GIB
 from vllm_offload_doctor.checks.render import RENDERERS, render
 from vllm_offload_doctor.cli import main
-from vllm_offload_doctor.machine import probes
+from vllm_offload_doctor.machine import early, probes
 from vllm_offload_doctor.machine.ports import PortState
 from vllm_offload_doctor.machine.probes import GpuProcess
 from vllm_offload_doctor.output.formats import OutputFormat
@@ -343,3 +343,41 @@ def test_cli_import_stays_light() -> None:
         check=False,
     )
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_the_process_leaves_its_objects_to_the_exit() -> None:
+    # The collector's passes at shutdown cost a sixth of check's time; frozen objects skip them.
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))\n"
+        "sys.argv = ['offload-doctor', 'check', '--list']\n"
+        "from vllm_offload_doctor.__main__ import main\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "frozen at exit: True"
+
+
+@pytest.mark.parametrize(
+    ("argv", "begins"),
+    [
+        (["check"], True),
+        (["check", "--format", "json", "--offload-gb", "4"], True),
+        (["check", "--list"], False),
+        (["check", "--help"], False),
+        (["analyze", "x.log"], False),
+    ],
+)
+def test_the_console_script_begins_nvml_before_the_cli_for_check(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], begins: bool
+) -> None:
+    from vllm_offload_doctor import __main__ as entry
+    from vllm_offload_doctor import cli as cli_module
+
+    order: list[str] = []
+    monkeypatch.setattr(early, "start_nvml", lambda: order.append("nvml"))
+    monkeypatch.setattr(cli_module, "main", lambda: order.append("cli"))
+    monkeypatch.setattr(sys, "argv", ["offload-doctor", *argv])
+    entry.main()
+    assert order == (["nvml", "cli"] if begins else ["cli"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -213,6 +214,27 @@ def test_exit_codes() -> None:
     bug = CheckResult("e", "E", Status.BUG, "")
     assert Report((ok, bug)).exit_code() == 3
     assert Report((fail, bug)).exit_code() == 1  # what was found outranks our crash
+
+
+@dataclass
+class MeetingProbe(FakeProbe):
+    """The slow probes pass only once all of them are running at the same time."""
+
+    meeting: threading.Barrier = field(default_factory=lambda: threading.Barrier(4, timeout=2))
+
+    def _hit(self, name: str) -> None:
+        super()._hit(name)
+        if name in ("platform", "interpreter", "nvml", "host_memory"):
+            self.meeting.wait()
+
+
+def test_the_slow_probes_run_together() -> None:
+    # NVML, vLLM's Python, uname (platform) and /proc each wait on the machine: one at a time,
+    # check would take the sum of their waits.
+    probe = MeetingProbe()
+    results = run(probe)
+    assert {c.status for c in results.values()} <= {Status.OK, Status.SKIP}, results
+    assert all(probe.calls[n] == 1 for n in ("platform", "interpreter", "nvml", "host_memory"))
 
 
 def test_every_probe_crashing_exits_2() -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import stat
+import subprocess
 import sys
 import types
 from collections import namedtuple
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from vllm_offload_doctor.machine import probes
+from vllm_offload_doctor.machine import early, probes
 from vllm_offload_doctor.machine.modelsize import (
     ModelNotFoundError,
     ModelSizeUnknownError,
@@ -28,7 +29,9 @@ from vllm_offload_doctor.machine.probes import (
     find_interpreter,
     read_cgroup_memory,
     read_interpreter,
+    read_meminfo,
     read_nvml,
+    read_own_interpreter,
     shebang_interpreter,
 )
 
@@ -206,6 +209,48 @@ def test_read_interpreter_reads_metadata_without_importing(
     assert info.python_version == ".".join(map(str, sys.version_info[:3]))
 
 
+def test_own_interpreter_read_in_process_answers_as_the_subprocess(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python -c` searches the working directory first: the in-process read must too.
+    for name, version, extra in (
+        ("vllm", "0.27.1", "Requires-Python: <3.15,>=3.10\n"),
+        ("torch", "2.9.0", ""),
+    ):
+        dist = tmp_path / f"{name}-{version}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{extra}"
+        )
+    monkeypatch.chdir(tmp_path)
+    own = read_own_interpreter(sys.executable, "--python")
+    assert own == read_interpreter(sys.executable, "--python")
+    assert own is not None and own.error is None
+    assert (own.vllm_version, own.vllm_requires_python, own.torch_version) == (
+        "0.27.1",
+        "<3.15,>=3.10",
+        "2.9.0",
+    )
+
+
+def test_own_interpreter_left_to_the_subprocess_when_its_path_may_differ(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert read_own_interpreter(str(tmp_path / "python"), "--python") is None
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # changed since start-up
+    assert read_own_interpreter(sys.executable, "--python") is None
+    monkeypatch.undo()
+    root = str(Path(__file__).resolve().parent.parent)
+    code = f"import sys; sys.path.insert(1, {root!r}); "
+    code += "from vllm_offload_doctor.machine.probes import read_own_interpreter as r; "
+    code += "print(r(sys.executable, 'x'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONNOUSERSITE", "PYTHONSAFEPATH")}
+    for flags in ([], ["-I"], ["-s"], ["-E"]):
+        argv = [sys.executable, *flags, "-c", code]
+        out = subprocess.run(argv, capture_output=True, text=True, env=env)
+        assert out.stdout.startswith("InterpreterInfo(" if not flags else "None"), (flags, out)
+
+
 def test_read_interpreter_missing_executable(tmp_path: Path) -> None:
     info = read_interpreter(str(tmp_path / "nope"), "shebang of vllm")
     assert info.error and "cannot run it" in info.error
@@ -257,6 +302,68 @@ def test_cgroup_v2_limit(tmp_path: Path) -> None:
 def test_cgroup_v2_unlimited(tmp_path: Path) -> None:
     write(tmp_path, "sys/fs/cgroup/memory.max", "max\n")
     assert read_cgroup_memory(tmp_path) == (None, None)
+
+
+MEMINFO = """MemTotal:       263855888 kB
+MemFree:        101227348 kB
+MemAvailable:   240318820 kB
+Buffers:          3185620 kB
+Cached:         133080028 kB
+SwapCached:            0 kB
+Active:          27718424 kB
+Inactive:       124390932 kB
+Shmem:              92872 kB
+Slab:             6121488 kB
+SReclaimable:     5245064 kB
+SwapTotal:        8388604 kB
+SwapFree:         8123456 kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""
+
+
+def test_meminfo_reads_what_psutil_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    psutil = pytest.importorskip("psutil")
+    if not psutil.LINUX:
+        pytest.skip("psutil reads /proc/meminfo only on Linux")
+    write(tmp_path, "proc/meminfo", MEMINFO)
+    write(tmp_path, "proc/vmstat", "pswpin 0\npswpout 0\n")
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path / "proc"))
+    vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+    assert read_meminfo(tmp_path) == (vm.total, vm.available, swap.total, swap.free)
+    assert read_meminfo(tmp_path) == (
+        263855888 << 10,
+        240318820 << 10,
+        8388604 << 10,
+        8123456 << 10,
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("MemAvailable:   240318820 kB\n", ""),  # kernels before 3.14: psutil estimates it
+        ("MemAvailable:   240318820 kB", "MemAvailable:          0 kB"),  # psutil estimates it
+        ("MemAvailable:   240318820 kB", "MemAvailable:   263855889 kB"),  # psutil uses MemFree
+        ("SwapFree:", "SwapGone:"),  # psutil asks sysinfo(2)
+    ],
+)
+def test_meminfo_leaves_psutil_what_it_corrects(tmp_path: Path, change: tuple[str, str]) -> None:
+    write(tmp_path, "proc/meminfo", MEMINFO.replace(*change))
+    assert read_meminfo(tmp_path) is None
+    assert read_meminfo(tmp_path / "missing") is None
+
+
+def test_host_memory_reads_meminfo(tmp_path: Path) -> None:
+    write(tmp_path, "proc/meminfo", MEMINFO)
+    write(tmp_path, "sys/fs/cgroup/memory.max", "34359738368\n")
+    mem = RealProbe(root=tmp_path).host_memory()
+    assert (mem.total, mem.available) == (263855888 << 10, 240318820 << 10)
+    assert (mem.swap_total, mem.swap_free, mem.cgroup_limit) == (
+        8388604 << 10,
+        8123456 << 10,
+        32 * GIB,
+    )
 
 
 def test_cgroup_v1_huge_means_unlimited(tmp_path: Path) -> None:
@@ -377,6 +484,30 @@ def test_read_nvml_takes_the_drivers_reserve_from_the_v2_record(
     (gpu,) = read_nvml().gpus
     assert gpu.memory_reserved == 644_939_776
     assert gpu.memory_usable == gpu.memory_total - 644_939_776  # type: ignore[operator]
+
+
+def test_an_nvml_read_begun_early_is_the_real_probes_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[int] = []
+
+    def counted() -> probes.NvmlInfo:
+        reads.append(1)
+        return probes.NvmlInfo(driver_version=f"read {len(reads)}")
+
+    monkeypatch.setattr(probes, "read_nvml", counted)
+    early.start_nvml()
+    assert RealProbe().nvml().driver_version == "read 1"  # the early read, taken once
+    assert RealProbe().nvml().driver_version == "read 2"  # then read again
+    assert len(reads) == 2
+
+    def broken() -> probes.NvmlInfo:
+        raise RuntimeError("pynvml exploded")
+
+    monkeypatch.setattr(probes, "read_nvml", broken)
+    early.start_nvml()
+    with pytest.raises(RuntimeError, match="pynvml exploded"):  # raised where it is read
+        RealProbe().nvml()
 
 
 def test_read_nvml_without_the_v2_record_has_no_reserve(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,9 +57,10 @@ def run_checks(probe: Probe, options: Options) -> Report:
     from vllm_offload_doctor.errors import ProbeError
 
     ctx = Context(probe, options)
-    ctx.prefetch()
+    with ctx.prefetching():
+        checks = all_checks()  # imported while the probes wait on the machine
     results: list[CheckResult] = []
-    for check in all_checks():
+    for check in checks:
         r = check.result()
         try:
             out = check.fn(ctx, r)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from functools import cached_property
 from typing import Any
@@ -23,6 +24,10 @@ from vllm_offload_doctor.machine.probes import (
 from vllm_offload_doctor.runner import default_gpu_memory_utilization
 
 GIB = 1 << 30
+
+# The probes that wait on the machine, longest first: NVML's driver calls and the subprocesses
+# (vLLM's Python, `uname -p` behind platform.uname()) release the GIL while they wait.
+SLOW_PROBES = ("nvml", "interpreter", "platform", "host_memory")
 
 
 class Context:
@@ -67,14 +72,28 @@ class Context:
         given = self.options.gpu_memory_utilization
         return given if given is not None else default_gpu_memory_utilization(self.vllm_version)
 
-    def prefetch(self) -> None:
-        """Start the slow probes together: the interpreter subprocess and NVML overlap.
+    @contextlib.contextmanager
+    def prefetching(self) -> Iterator[None]:
+        """Read the slow probes in threads while the body runs, and wait for them at its end.
 
-        A probe that raises here is simply read again by its check, which reports it.
+        The body (importing the check modules) runs while the probes wait on the machine. A probe
+        that raises here is simply read again by its check, which reports it.
         """
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            for name in ("interpreter", "nvml", "host_memory"):
-                pool.submit(getattr, self, name)
+        threads = [
+            threading.Thread(target=self._prefetch, args=(name,), daemon=True)
+            for name in SLOW_PROBES
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            yield
+        finally:
+            for thread in threads:
+                thread.join()
+
+    def _prefetch(self, name: str) -> None:
+        with contextlib.suppress(Exception):
+            getattr(self, name)
 
     def used_gpus(self) -> list[GpuInfo]:
         """The GPUs vLLM will use: the first N visible, mapped through CUDA_VISIBLE_DEVICES."""

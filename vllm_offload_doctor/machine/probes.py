@@ -1,9 +1,10 @@
 """Everything `check` reads from the machine, behind one `Probe` Protocol so tests pass fakes.
 
 The real probe never imports torch or vllm: versions come from package metadata read by a
-short `python -c` in the interpreter that runs vLLM, GPUs from NVML, memory from psutil,
-/proc and the cgroup files. pynvml and psutil are imported inside the methods so that the
-CLI starts fast.
+short `python -c` in the interpreter that runs vLLM (read here when that is this interpreter),
+GPUs from NVML (`early.start_nvml` begins that read at start-up), memory from /proc/meminfo (psutil where that
+does not answer) and the cgroup files. pynvml and psutil are imported inside the methods so that
+the CLI starts fast.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from vllm_offload_doctor.machine.early import take_nvml
 from vllm_offload_doctor.machine.modelsize import ModelSize, inspect_model
 from vllm_offload_doctor.machine.ports import PortState, probe_port
 
@@ -142,24 +144,21 @@ class RealProbe:
 
     def interpreter(self, python: str | None) -> InterpreterInfo:
         executable, source = find_interpreter(python)
-        info = read_interpreter(executable, source)
+        info = read_own_interpreter(executable, source) or read_interpreter(executable, source)
         return replace(info, own=source.startswith(OWN_SOURCE))
 
     def nvml(self) -> NvmlInfo:
-        return read_nvml()
+        return take_nvml() or read_nvml()
 
     def host_memory(self) -> HostMemory:
-        import psutil
-
-        vm = psutil.virtual_memory()
-        swap = psutil.swap_memory()
+        total, available, swap_total, swap_free = read_meminfo(self.root) or _psutil_memory()
         limit, usage = read_cgroup_memory(self.root)
         soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         return HostMemory(
-            total=vm.total,
-            available=vm.available,
-            swap_total=swap.total,
-            swap_free=swap.free,
+            total=total,
+            available=available,
+            swap_total=swap_total,
+            swap_free=swap_free,
             cgroup_limit=limit,
             cgroup_usage=usage,
             memlock_soft=None if soft == resource.RLIM_INFINITY else soft,
@@ -243,6 +242,66 @@ def shebang_interpreter(script: Path) -> str | None:
     return parts[0]
 
 
+# What sets sys.path at start-up besides the interpreter and its flags, as it was then (nothing
+# the doctor runs before this module is imported changes it).
+_PATH_VARIABLES = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "PYTHONPLATLIBDIR",
+    "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH",
+)
+_START_PATH_ENV = tuple(os.environ.get(name) for name in _PATH_VARIABLES)
+
+
+def read_own_interpreter(executable: str, source: str) -> InterpreterInfo | None:
+    """`read_interpreter`'s answer for this very interpreter, read here without a subprocess.
+
+    A `python -c` of the same interpreter in the same environment searches this process's
+    sys.path, its first entry (our script's directory) replaced by its own: the working directory
+    (none with -P). None, so that the subprocess answers, where the two could differ: another
+    interpreter, flags that change the path (-I, -S, -E, -s, -P), or a path variable changed since
+    start-up.
+    """
+    flags = sys.flags
+    if (
+        executable != sys.executable
+        or flags.isolated
+        or flags.no_site
+        or flags.ignore_environment
+        or bool(flags.no_user_site) != bool(os.environ.get("PYTHONNOUSERSITE"))
+        or bool(flags.safe_path) != bool(os.environ.get("PYTHONSAFEPATH"))
+        or tuple(os.environ.get(name) for name in _PATH_VARIABLES) != _START_PATH_ENV
+    ):
+        return None
+    try:
+        search = list(sys.path) if flags.safe_path else [os.getcwd(), *sys.path[1:]]
+    except OSError:  # the working directory is gone: leave it to the subprocess
+        return None
+    from importlib import metadata
+
+    def first(name: str) -> metadata.Distribution:
+        return next(iter(metadata.distributions(name=name, path=search)))
+
+    def answer(read: Callable[[], str | None]) -> str | None:
+        try:  # as in the metadata script, any failure to read is "unknown"
+            return read()
+        except Exception:
+            return None
+
+    return InterpreterInfo(
+        executable=executable,
+        source=source,
+        python_version=".".join(map(str, sys.version_info[:3])),
+        vllm_version=answer(lambda: first("vllm").version),
+        vllm_requires_python=answer(
+            lambda: first("vllm").metadata.get("Requires-Python")  # type: ignore[attr-defined]
+        ),
+        torch_version=answer(lambda: first("torch").version),
+    )
+
+
 def read_interpreter(
     executable: str, source: str, env: dict[str, str] | None = None
 ) -> InterpreterInfo:
@@ -283,6 +342,39 @@ def read_interpreter(
 
 
 # --- memory ------------------------------------------------------------------------------
+
+
+def read_meminfo(root: Path) -> tuple[int, int, int, int] | None:
+    """(total, available, swap total, swap free) in bytes from /proc/meminfo, as psutil reads them.
+
+    None where psutil would compute or correct a figure (no MemAvailable, 0, or above MemTotal in
+    some containers) or the file is missing: psutil answers those. Reading the file directly spares
+    importing psutil, the largest import of `check` after NVML's.
+    """
+    text = _read_text(root / "proc/meminfo")
+    if text is None:
+        return None
+    kib: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            kib[fields[0]] = int(fields[1])
+    try:
+        total, available = kib["MemTotal:"] * 1024, kib["MemAvailable:"] * 1024
+        swap_total, swap_free = kib["SwapTotal:"] * 1024, kib["SwapFree:"] * 1024
+    except KeyError:
+        return None
+    if not 0 < available <= total:
+        return None
+    return total, available, swap_total, swap_free
+
+
+def _psutil_memory() -> tuple[int, int, int, int]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    swap = psutil.swap_memory()
+    return vm.total, vm.available, swap.total, swap.free
 
 
 def read_cgroup_memory(root: Path) -> tuple[int | None, int | None]:
