@@ -56,3 +56,22 @@ def test_analyze_json_masks_cut_evidence(tmp_path: Path) -> None:
     ).stdout
     json.loads(out)
     assert "Sup3rS3" not in out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--api-key k3J9sQ-first VLLM_API_KEY='k3J9sQ-second'",
+        '--api-key k3J9sQ-first HF_TOKEN="k3J9sQ-second"',
+        "--api-key k3J9sQ-first OPENAI_API_KEY=k3J9sQ-second --port 8000",
+    ],
+)
+def test_assignment_after_multi_valued_api_key_is_masked(line: str) -> None:
+    # The option's mask once swallowed the next field's name, leaving its value to no pass.
+    out = scrub_text(line)
+    assert "first" not in out and "second" not in out, out
+
+
+def test_base64_padded_api_keys_are_all_values() -> None:
+    out = scrub_text("--api-key YWJjZA== YWJjZGU= --port 8000")
+    assert "YWJj" not in out and "--port 8000" in out, out

@@ -144,10 +144,12 @@ _PEM_HEADER = re2.compile(r"(?:Proc-Type|DEK-Info|Comment):|^\s{0,200}$")
 _B64_LINE = re2.compile(r"[A-Za-z0-9+/]+={0,2}")
 MAX_PEM_LINES = 400  # a block longer than this (a 16 kbit key is ~190 lines) was not closed
 # Partial tokens at the end of a line (cut or wrapped there): prefix and a few characters.
-_TAIL_TOKEN = re2.compile(
+_TOKEN_PREFIX = (
     r"(?:\bhf_|\bgh[pousr]_|\bgithub_pat_|\bsk-|\b[sr]k_(?:live|test)_|\bxox[abeoprs]-|\bglpat-"
-    r"|\bAIza|\beyJ)[A-Za-z0-9_-]{0,19}$"
+    r"|\bAIza|\beyJ)"
 )
+_TAIL_TOKEN = re2.compile(_TOKEN_PREFIX + r"[A-Za-z0-9_-]{0,19}$")
+_KNOWN_TAIL = re2.compile(_TOKEN_PREFIX + r"[A-Za-z0-9_-]{0,256}$")  # a line ending in a token
 _EDGE_TAIL = re2.compile(r"[A-Za-z0-9+/=_.~-]{1,256}$")
 _EDGE_HEAD = re2.compile(r"^[A-Za-z0-9+/=_.~-]{1,256}")
 
@@ -245,6 +247,22 @@ def _prefixed(m: Any) -> str:
     return str(m.group(1)) + (value if _harmless(value) else MASK)
 
 
+# A later word of `--api-key K1 K2` that assigns a secret (`VLLM_API_KEY='x'`) starts the next
+# field: its value is the key pass's to mask, which a mask over the name would hide from it.
+_ASSIGNS = re2.compile(r"\s([A-Za-z_][A-Za-z0-9_]{0,80})=(?:[^\s=]|$)")
+
+
+def _multi(m: Any) -> str:
+    value = str(m.group(2))
+    cut = _ASSIGNS.search(value)
+    if cut is not None and cut.end() == len(value) and m.string[m.end() : m.end() + 1] not in "'\"":
+        cut = None  # `K2=` at the end, unquoted: base64 padding, not a field's name
+    if cut is not None and not is_secret_name(str(cut.group(1))):
+        cut = None  # only a secret's name is cut off: the key pass masks its value
+    head, tail = (value[: cut.start()], value[cut.start() :]) if cut else (value, "")
+    return str(m.group(1)) + (head if _harmless(head) else MASK) + tail
+
+
 def _bearer(m: Any) -> str:
     value = str(m.group(2))
     keep = value.isalpha() and len(value) < 20  # "Bearer authentication failed"
@@ -279,7 +297,7 @@ _PASSES: tuple[tuple[Any, Any], ...] = (
     (_WEBHOOK, lambda m: f"{m.group(1)}{MASK}"),
     (_AUTH, _prefixed),
     (_BEARER, _bearer),
-    (_MULTI_OPT, _prefixed),
+    (_MULTI_OPT, _multi),
     (_OPT, _prefixed),
     (_NAMED_VALUE, _prefixed),
     (_KEY, _key),
@@ -423,8 +441,13 @@ class _PemState:
         if tail is None or head is None or len(tail.group(0)) + len(head.group(0)) < 16:
             return out
         first = str(head.group(0))
-        if first in _LINE_WORDS or (first.isalpha() and first.islower()) or _capitalised(first):
-            return out  # a word (`INFO`, `Traceback`, `while`): not a token's end
+        # A word (`INFO`, `Traceback`, `while`) is not a token's end, unless the previous line
+        # ends in a known token's prefix: then `Vdtdhz` is the token's random tail.
+        known = _KNOWN_TAIL.search(prev) is not None and first not in _LINE_WORDS
+        if not known and (
+            first in _LINE_WORDS or (first.isalpha() and first.islower()) or _capitalised(first)
+        ):
+            return out
         start = max(0, tail.start() - 64)
         joined = prev[start:] + first
         cut = len(prev) - start
