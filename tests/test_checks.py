@@ -953,3 +953,16 @@ def test_a_small_host_budget_shows_tenths() -> None:
     assert host_budget(0, 1).text.startswith("~3.0 GiB (")
     assert host_budget(4, 1).text.startswith("~7.4-8.0 GiB (")
     assert host_budget(40, 2).text.startswith("~94-106 GiB (")
+
+
+def test_every_host_need_line_shows_tenths_for_a_small_offload() -> None:
+    # check -v's fit lines and compare's preflight and host note said "~4-4 GiB" for 0.5 GiB.
+    from vllm_offload_doctor.checks import fit
+    from vllm_offload_doctor.compare import preflight
+
+    for module in (fit, preflight):
+        assert "need_range" in vars(module), module.__name__
+    from vllm_offload_doctor.machine.hostbudget import need_range
+
+    assert need_range(3.55, 3.625) == "~3.5-3.6 GiB"
+    assert need_range(39.4, 44.1) == "~39-44 GiB"

@@ -20,7 +20,7 @@ from vllm_offload_doctor.checks.registry import register
 from vllm_offload_doctor.errors import ProbeError
 from vllm_offload_doctor.links import DOCS_MEMORY, ISSUE_FITS_ANYWAY
 from vllm_offload_doctor.machine.fit import FitPlan, longest_fitting_len, plan
-from vllm_offload_doctor.machine.hostbudget import host_budget
+from vllm_offload_doctor.machine.hostbudget import host_budget, need_range
 from vllm_offload_doctor.machine.modelsize import ModelSize
 from vllm_offload_doctor.machine.pcie import (
     PRACTICAL_FRACTION,
@@ -225,7 +225,7 @@ def _plan_extras(data: dict[str, Any]) -> list[str]:
         )
     if data["host_need_gib"]:
         low, high = data["host_need_gib"]
-        out.append(f"host memory for that offload: ~{low:.0f}-{high:.0f} GiB")
+        out.append(f"host memory for that offload: {need_range(low, high)}")
     return out
 
 

@@ -19,6 +19,7 @@ from vllm_offload_doctor.machine.hostbudget import (
     extra_load_s,
     host_budget,
     largest_offload,
+    need_range,
 )
 from vllm_offload_doctor.machine.modelsize import ModelSize
 from vllm_offload_doctor.machine.probes import HostMemory, NvmlInfo, PlatformInfo
@@ -80,8 +81,8 @@ class Preflight:
         if self.doubled:
             out.append(f"this looks like WSL: {DOUBLING}")
         out += [
-            f"offload {fmt_gb(m.offload_gb)} GiB: host needs ~{m.low_gib:.0f}-"
-            f"{m.high_gib:.0f} GiB, {m.verdict}; loading takes about "
+            f"offload {fmt_gb(m.offload_gb)} GiB: host needs {need_range(m.low_gib, m.high_gib)}, "
+            f"{m.verdict}; loading takes about "
             f"{m.extra_load_s:.0f} s longer (pinning ~0.6 GiB/s), timeout {m.timeout_s:.0f} s"
             for m in self.modes
         ]
@@ -194,7 +195,7 @@ def host_figures(offload_gb: float, measured: HostMemory_ | None, pre: Json | No
     parts = []
     if planned is not None:
         low, high = planned["host_need_gib"]
-        parts.append(f"budget ~{low:.0f}-{high:.0f} GiB")
+        parts.append(f"budget {need_range(low, high)}")
     if measured is not None:
         if measured.peak_rss_gib is not None:
             peak = f"measured peak RSS {measured.peak_rss_gib:g} GiB"

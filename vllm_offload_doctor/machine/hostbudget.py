@@ -41,9 +41,7 @@ class HostBudget:
         rate = f"{RATE_LOW:g}-{DOUBLED_RATE if self.doubled else RATE_HIGH:g}"
         each = f"{rate} × {self.offload_gib:g} GiB + {CONSTANT_GIB:g} GiB"
         each = f"({each}) × {n} GPUs" if n > 1 else each
-        digits = 1 if self.high_gib < 10 else 0  # ~3.6 GiB, not ~4-4 GiB
-        low, high = f"{self.low_gib:.{digits}f}", f"{self.high_gib:.{digits}f}"
-        return f"~{low if low == high else f'{low}-{high}'} GiB ({each})"
+        return f"{need_range(self.low_gib, self.high_gib)} ({each})"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -80,3 +78,10 @@ def largest_offload(usable_gib: float, gpus: int = 1, *, doubled: bool = False) 
 def extra_load_s(offload_gib: float) -> float:
     """Seconds start-up grows by with this much offloaded per GPU (ranks pin in parallel)."""
     return max(0.0, offload_gib) / PIN_GIBS
+
+
+def need_range(low_gib: float, high_gib: float) -> str:
+    """`~3.5-3.6 GiB`, `~3.6 GiB`, `~39-44 GiB`: never `~4-4 GiB` for a small offload."""
+    digits = 1 if high_gib < 10 else 0
+    low, high = f"{low_gib:.{digits}f}", f"{high_gib:.{digits}f}"
+    return f"~{low if low == high else f'{low}-{high}'} GiB"
