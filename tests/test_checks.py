@@ -636,6 +636,29 @@ def test_memlock_is_reported_honestly_without_failing() -> None:
     assert any("RLIMIT_MEMLOCK (8192 KiB)" in d for d in result.details)
 
 
+def test_a_small_host_budget_shows_tenths() -> None:
+    from vllm_offload_doctor.machine.hostbudget import host_budget
+
+    # 0.5 GiB on the H200 printed "~4-4 GiB": 1.1 x 0.5 + 3 = 3.55 and 1.25 x 0.5 + 3 = 3.625.
+    assert host_budget(0.5, 1).text.startswith("~3.5-3.6 GiB (")
+    assert host_budget(0, 1).text.startswith("~3.0 GiB (")
+    assert host_budget(4, 1).text.startswith("~7.4-8.0 GiB (")
+    assert host_budget(40, 2).text.startswith("~94-106 GiB (")
+
+
+def test_every_host_need_line_shows_tenths_for_a_small_offload() -> None:
+    # check -v's fit lines and compare's preflight and host note said "~4-4 GiB" for 0.5 GiB.
+    from vllm_offload_doctor.checks import fit
+    from vllm_offload_doctor.compare import preflight
+
+    for module in (fit, preflight):
+        assert "need_range" in vars(module), module.__name__
+    from vllm_offload_doctor.machine.hostbudget import need_range
+
+    assert need_range(3.55, 3.625) == "~3.5-3.6 GiB"
+    assert need_range(39.4, 44.1) == "~39-44 GiB"
+
+
 # --- fit -------------------------------------------------------------------------------
 
 
@@ -943,26 +966,3 @@ def test_the_python_line_says_how_the_interpreter_was_found(source: str, said: s
 def test_a_chosen_python_without_vllm_is_told_how_to_install_into_it() -> None:
     vllm = one("vllm", FakeProbe(interp=replace(PY, vllm_version=None, source="--python")))
     assert vllm.remedy.startswith(f"{PY.executable} -m pip install vllm")
-
-
-def test_a_small_host_budget_shows_tenths() -> None:
-    from vllm_offload_doctor.machine.hostbudget import host_budget
-
-    # 0.5 GiB on the H200 printed "~4-4 GiB": 1.1 x 0.5 + 3 = 3.55 and 1.25 x 0.5 + 3 = 3.625.
-    assert host_budget(0.5, 1).text.startswith("~3.5-3.6 GiB (")
-    assert host_budget(0, 1).text.startswith("~3.0 GiB (")
-    assert host_budget(4, 1).text.startswith("~7.4-8.0 GiB (")
-    assert host_budget(40, 2).text.startswith("~94-106 GiB (")
-
-
-def test_every_host_need_line_shows_tenths_for_a_small_offload() -> None:
-    # check -v's fit lines and compare's preflight and host note said "~4-4 GiB" for 0.5 GiB.
-    from vllm_offload_doctor.checks import fit
-    from vllm_offload_doctor.compare import preflight
-
-    for module in (fit, preflight):
-        assert "need_range" in vars(module), module.__name__
-    from vllm_offload_doctor.machine.hostbudget import need_range
-
-    assert need_range(3.55, 3.625) == "~3.5-3.6 GiB"
-    assert need_range(39.4, 44.1) == "~39-44 GiB"
