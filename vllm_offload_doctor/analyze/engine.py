@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -97,6 +98,10 @@ class Engine:
             span_finder(self._prefilter),
             span_finder(self._prefilter_served),
         )
+        # The fast paths (whole starts echoed, runs.Echo); OFFLOAD_DOCTOR_PURE=1 leaves the line by
+        # line engine alone, the reference the tests hold them to.
+        self.fast = os.environ.get("OFFLOAD_DOCTOR_PURE", "") in ("", "0")
+        self._digit_hits, self._digit_near = _digit_finders(self.prefilter_words())
 
     def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
         """(word, ignore case): the declared fact words, the knowledge's and the rules' keywords."""
@@ -187,10 +192,67 @@ class Engine:
             raw = block[start:end].decode("utf-8", "replace")
             if len(raw) < SPLIT_THRESHOLD:
                 feed(line_no + 1, raw)
+                if state.started_at == line_no + 1 and self.fast:
+                    start, end, line_no = self._echo(block, start, end, line_no, find, state)
+                    counted_to = start
             else:
                 for part in split_long(raw):
                     feed(line_no + 1, part)
             pos = end + 1
+
+    def _echo(
+        self, block: bytes, start: int, end: int, line_no: int, find: Any, state: _State
+    ) -> tuple[int, int, int]:
+        """At a start's first line (offsets start, end; line line_no + 1): skip the starts from here
+        that repeat the echo start (runs.Echo), else make the start that just ended the echo start.
+        Returns the offsets and line index of the start's first line that is fed next."""
+        mark = state.echo_mark
+        moved = False
+        for attempt in range(2):
+            if attempt:  # the start that just ended, fed in full, becomes the echo start
+                if moved or mark is None or mark[0] is not block or mark[1] is not find:
+                    break
+                window = block[mark[2] : end + 1]
+                if not runs.Echo.fits(window):
+                    break
+                ref = runs.Echo(window, line_no + 1 - mark[3], state.closed,
+                                state.splitter.snapshot(), self._digit_hits, self._digit_near)  # fmt: skip
+                state.echo = (find, ref)
+            while state.echo is not None and state.echo[0] is find:
+                ref = state.echo[1]
+                if ref.visible and not state.runs.repeats(ref.sig):
+                    break  # only a start merged with the one before is skipped unjudged
+                rename = ref.rename(block, start, self._digit_hits)
+                if rename is None:
+                    break
+                start += ref.last_at
+                end = start + (ref.size - ref.last_at) - 1
+                line_no += ref.lines
+                state.echo_start(line_no + 1, ref, rename)
+                state.feed_started(line_no + 1, block[start:end].decode("utf-8", "replace"))
+                moved = True
+        state.echo_mark = (block, find, start, line_no + 1)
+        return start, end, line_no
+
+
+def _digit_finders(
+    words: Sequence[tuple[str, bool]],
+) -> tuple[Callable[[bytes], list[int]], Callable[[bytes], list[int]]]:
+    """Where the prefilter words with digits match, and where they match with every digit made 0
+    in a text whose digits are made 0 (runs.Echo: a digit they hold might change)."""
+    digit_words = [wi for wi in words if any(c.isdigit() for c in wi[0])]
+    if not digit_words:
+        return (lambda data: []), (lambda data: [])
+    hits = literal_matcher(digit_words)
+    zero = str.maketrans("0123456789", "0000000000")
+    near = literal_matcher([(w.translate(zero), i) for w, i in digit_words])
+    if any(len(w) > runs.NEAR for w, _ in digit_words):  # Echo looks only this far around a digit
+        return (lambda data: [m.start() for m in hits.finditer(data)]), (
+            lambda data: list(range(0, len(data), runs.NEAR))
+        )
+    return (lambda data: [m.start() for m in hits.finditer(data)]), (
+        lambda data: [m.start() for m in near.finditer(data)]
+    )
 
 
 class _State:
@@ -216,6 +278,11 @@ class _State:
         self.last_no = 0
         self.splitter = runs.Splitter(visible)
         self.runs = runs.Runs()
+        self.started_at = 0  # the line where the Splitter last began a start
+        self.closed = (0, False)  # run_sig and run_visible of the start that ended there
+        self.echo: tuple[Any, runs.Echo] | None = None  # (prefilter, start) Engine._echo skips
+        # (block, prefilter, offset, line) of the last start's first line
+        self.echo_mark: tuple[bytes, Any, int, int] | None = None
         self._start_run(1)
 
     def _start_run(self, first_line: int) -> None:
@@ -397,6 +464,11 @@ class _State:
         # In an input that holds pasted reports (compare's commands.txt), a command line is theirs.
         if self.splitter.new_start(raw, self._ended, self._progressed) and not self.reports.kinds:
             self.new_start(no)
+            self.started_at = no
+        self.feed_started(no, raw)
+
+    def feed_started(self, no: int, raw: str) -> None:
+        """Feed a line once the Splitter has said whether it begins a start."""
         if not self.run_visible:
             self.run_visible = self.splitter.visible(raw)
         key = repeats.key(raw)
@@ -527,7 +599,19 @@ class _State:
             if not self.runs.repeat(self.run_sig, last):
                 run = self._finish_run("", last)
                 self.runs.add(self.run_first_line, last, run, self._decides(run), self.run_sig)
+        self.closed = (self.run_sig, self.run_visible)
         self._start_run(no)
+
+    def echo_start(self, no: int, ref: runs.Echo, rename: dict[str, str]) -> None:
+        """The lines up to `no` repeat `ref`'s start (runs.Echo): what feeding them would leave.
+
+        Its start is merged with the one before unjudged, and the Splitter is where it was after
+        `ref`'s last line, pids renamed; line `no` begins a start (it is fed next).
+        """
+        self.run_sig, self.run_visible = ref.sig, ref.visible
+        self.new_start(no)
+        self.splitter.restore(ref.splitter, rename)
+        self.started_at = no
 
     # -- verdict ----------------------------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:

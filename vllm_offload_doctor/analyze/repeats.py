@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 # vLLM's record prefix: process and pid, then (when logged) level, date and time.
+# runs.Echo reads the same prefix in bytes (pid and time are what two restarts' lines differ in).
 _HEAD = re.compile(
-    r"\((?P<proc>[\w:]+) pid=\d+\) (?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-    r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? )?"
+    r"\((?P<proc>[\w:]+) pid=(?P<pid>\d+)\) (?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"(?P<time>\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) )?"
 )
 MAX_KEY = 16_384  # longer lines are always processed in full (and not remembered)
 MEMO_CHARS = 2_000_000  # characters of distinct lines remembered; then the memory starts again
