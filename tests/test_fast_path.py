@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,14 @@ def _pair(rule_dirs: list[Path]) -> tuple[analyze.Engine, analyze.Engine]:
     pure.fast = False
     assert fast.fast
     return fast, pure
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _hyperscan_for_every_block() -> Iterator[None]:
+    # The fast engine scans a block of 1 MiB or more with Hyperscan: here every block is.
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(analyze, "HYPERSCAN_BLOCK", 0)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from vllm_offload_doctor.analyze.model import (
 )
 from vllm_offload_doctor.analyze.normalize import SPLIT_THRESHOLD, Line, parse, split_long
 from vllm_offload_doctor.analyze.patterns import (
+    block_finder,
     declare,
     declare_words,
     literal_matcher,
@@ -68,6 +69,7 @@ EVIDENCE_CUT, NOTABLE_CUT = 600, 400
 CONTEXT_LINES = 12
 _UNSEEN = object()
 _NUL_HOLE = re.compile("\0{16,}")
+HYPERSCAN_BLOCK = 1 << 20  # a block this big is scanned with Hyperscan, when installed
 
 
 @dataclass(slots=True)
@@ -101,6 +103,7 @@ class Engine:
         # The fast paths (whole starts echoed, runs.Echo); OFFLOAD_DOCTOR_PURE=1 leaves the line by
         # line engine alone, the reference the tests hold them to.
         self.fast = os.environ.get("OFFLOAD_DOCTOR_PURE", "") in ("", "0")
+        self._block_finds: tuple[Any, ...] | None = None  # Hyperscan's, once a big block came
         self._digit_hits, self._digit_near = _digit_finders(self.prefilter_words())
 
     def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
@@ -150,8 +153,7 @@ class Engine:
                     # vLLM's level prefix on a line the prefilter skips still makes it vLLM's log.
                     if _LEVEL_PREFIX.search(block, 0, 1 << 16):
                         state.saw_level = True
-                self._scan_block(block, line_base, state)
-                line_base += block.count(b"\n")
+                line_base = self._scan_block(block, line_base, state)
         except logread.InputStopped as exc:
             error = str(exc)
         except logread.TruncatedInput as exc:
@@ -160,26 +162,40 @@ class Engine:
             raise InputError(f"{name}: empty file")
         return state.finish(name, lines_read=line_base, error=error)
 
-    def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
+    def _scan_block(self, block: bytes, line_base: int, state: _State) -> int:
+        """Feed a block's interesting lines; returns the line count after it."""
         if b"\0" not in block:
-            self._scan(block, line_base, state)
-            return
+            return self._scan(block, line_base, state)
         # A hole of NUL bytes: a second writer's lines follow (runs.py); each side is scanned.
         for i, part in enumerate(logread.NUL_HOLE.split(block)):
             if i:
                 state.hole(line_base + 1)
-            self._scan(part, line_base, state)
-            line_base += part.count(b"\n")
+            line_base = self._scan(part, line_base, state)
+        return line_base
 
-    def _scan(self, block: bytes, line_base: int, state: _State) -> None:
+    def _finders(self, size: int) -> tuple[Any, Any]:
+        """The prefilter's finds (all words, served words): Hyperscan for a big block when it is
+        installed (compiled on first need: a short log never pays its 20-40 ms), else RE2."""
+        if not self.fast or size < HYPERSCAN_BLOCK:
+            return self._find, self._find_served
+        if self._block_finds is None:
+            every = block_finder(self.prefilter_words())
+            served = block_finder(self.prefilter_words(served=True))
+            self._block_finds = (every, served) if every and served else ()
+        return self._block_finds or (self._find, self._find_served)
+
+    def _scan(self, block: bytes, line_base: int, state: _State) -> int:
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        find = self._find_served if state.collector.served_requests else self._find
+        find_all, find_served = self._finders(len(block))
         feed = state.feed_raw
         pos = 0
         counted_to = 0
         line_no = line_base
         size = len(block)
         while pos < size:
+            # The start's first served request drops the words it no longer needs (a serving
+            # log's access and stats lines), from the next line on.
+            find = find_served if state.collector.served_requests else find_all
             span = find(block, pos)
             if span is None:
                 break
@@ -193,12 +209,14 @@ class Engine:
             if len(raw) < SPLIT_THRESHOLD:
                 feed(line_no + 1, raw)
                 if state.started_at == line_no + 1 and self.fast:
+                    find = find_served if state.collector.served_requests else find_all
                     start, end, line_no = self._echo(block, start, end, line_no, find, state)
                     counted_to = start
             else:
                 for part in split_long(raw):
                     feed(line_no + 1, part)
             pos = end + 1
+        return line_no + block.count(b"\n", counted_to)
 
     def _echo(
         self, block: bytes, start: int, end: int, line_no: int, find: Any, state: _State

@@ -165,6 +165,56 @@ def span_finder(rx: Any) -> Callable[[bytes, int], tuple[int, int] | None]:
     return find_re2
 
 
+def block_finder(words: Sequence[tuple[str, bool]]) -> Callable[[bytes, int], Any] | None:
+    """`span_finder`'s find over Hyperscan: the same lines found at a few times RE2's speed.
+
+    RE2's DFA over ~350 literals runs at ~250 MB/s; Hyperscan's literal matcher (SIMD) at over
+    1 GB/s, so a serving log's bulk costs less than reading it. None when Hyperscan is not
+    installed (it is optional: wheels exist for x86-64 Linux, macOS and Windows only) or refuses
+    a word: the engine then keeps RE2. The first match to end is on the first line holding a
+    word, as RE2's leftmost match is, so the engine feeds the same lines either way.
+    """
+    return _block_finder(tuple(words))
+
+
+@functools.lru_cache(maxsize=8)
+def _block_finder(words: tuple[tuple[str, bool], ...]) -> Callable[[bytes, int], Any] | None:
+    try:
+        import hyperscan
+
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        flags = [
+            hyperscan.HS_FLAG_SINGLEMATCH | (hyperscan.HS_FLAG_CASELESS if icase else 0)
+            for _, icase in words
+        ]
+        db.compile(
+            expressions=[w.encode() for w, _ in words],
+            ids=list(range(len(words))),
+            elements=len(words),
+            flags=flags,
+            literal=True,
+        )
+        stop = hyperscan.ScanTerminated
+    except Exception:  # not installed, or a build that refuses the words
+        return None
+    ends: list[int] = []
+
+    def first(_id: int, _from: int, to: int, _flags: int, _ctx: Any) -> bool:
+        ends.append(to)
+        return True  # stop at the first match
+
+    def find(data: bytes, pos: int) -> tuple[int, int] | None:
+        view: Any = memoryview(data)[pos:]  # no copy (its stubs say bytes only)
+        try:
+            db.scan(view, match_event_handler=first)
+        except stop:
+            to = pos + ends.pop()
+            return to - 1, to  # the match's last byte: its line is the match's line
+        return None
+
+    return find
+
+
 # -- rule and knowledge patterns ---------------------------------------------------------------
 
 DEFAULT_TIMEOUT_S = 0.05

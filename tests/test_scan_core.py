@@ -1,0 +1,74 @@
+"""The compiled scan core finds what the reference finds: Hyperscan's prefilter the lines RE2's
+does, the C binary check what the per-byte count said."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vllm_offload_doctor.analyze import engine as analyze
+from vllm_offload_doctor.analyze import logread
+from vllm_offload_doctor.analyze.patterns import block_finder
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "corpus"
+LOGS = sorted(
+    [
+        *ROOT.glob("fixtures/**/*.log"),
+        *ROOT.glob("tests/pasted/*.log"),
+        *ROOT.glob("tests/unseen/*.log"),
+        *(CORPUS.glob("*.log") if CORPUS.is_dir() else ()),
+    ]
+)
+
+
+def _lines(find: object, data: bytes) -> list[int]:
+    """The offsets of the lines a find reports, resuming after each (as engine._scan does)."""
+    out, pos = [], 0
+    while True:
+        span = find(data, pos)  # type: ignore[operator]
+        if span is None:
+            return out
+        start = data.rfind(b"\n", pos, span[0]) + 1 or pos
+        out.append(start)
+        end = data.find(b"\n", span[1])
+        if end < 0:
+            return out
+        pos = end + 1
+
+
+def test_hyperscan_finds_the_lines_re2_finds() -> None:
+    engine = analyze.Engine()
+    for served in (False, True):
+        fast = block_finder(engine.prefilter_words(served=served))
+        if fast is None:
+            pytest.skip("hyperscan is not installed here (an optional dependency): RE2 only")
+        ref = engine._find_served if served else engine._find
+        crafted = b"x\nKV CACHE SIZE: 5 tokens\nmodel runner\n\xff\xfeERROR\n" + b"a" * 5000
+        for data in [crafted, *(p.read_bytes() for p in LOGS)]:
+            assert _lines(fast, data) == _lines(ref, data)
+    assert len(LOGS) > 20
+
+
+def _per_byte(sample: bytes) -> bool:
+    """looks_binary as it was: a generator over every byte."""
+    window = sample[:8192]
+    if b"\x00" in window:
+        window = logread.NUL_HOLE.sub(b"", window)
+        if b"\x00" in window or not window:
+            return True
+    text = sum(1 for b in window if b in b"\t\n\r\f\x1b" or 32 <= b < 127 or b >= 128)
+    return text / len(window) < 0.85
+
+
+@given(st.binary(min_size=1, max_size=9000))
+def test_the_binary_check_counts_as_the_per_byte_one_did(sample: bytes) -> None:
+    assert logread.looks_binary(sample) == _per_byte(sample)
+
+
+def test_the_binary_check_on_text_and_on_binary() -> None:
+    assert not logread.looks_binary(b"INFO 12-02 ready\n" * 100)
+    assert logread.looks_binary(bytes(range(1, 32)) * 100)
