@@ -3,6 +3,7 @@ does, the C binary check what the per-byte count said."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,31 @@ def test_the_binary_check_counts_as_the_per_byte_one_did(sample: bytes) -> None:
 def test_the_binary_check_on_text_and_on_binary() -> None:
     assert not logread.looks_binary(b"INFO 12-02 ready\n" * 100)
     assert logread.looks_binary(bytes(range(1, 32)) * 100)
+
+
+def test_the_line_memo_forgets_the_least_recent_lines_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_offload_doctor.analyze import repeats
+
+    monkeypatch.setattr(repeats, "MEMO_CHARS", 30)
+    memo = repeats.Memo()
+    for key in ("a", "b", "c"):
+        memo.remember(key, 10, key.upper())
+    assert memo.get("a") == "A"  # used: now the most recent
+    memo.remember("d", 10, "D")  # full: "b", the least recent, goes; nothing else
+    assert [memo.get(k) for k in "abcd"] == ["A", None, "C", "D"]
+    assert memo.chars == 30 and len(memo) == 3
+
+
+def test_the_pattern_memo_keeps_a_repeated_line_while_new_ones_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm_offload_doctor.analyze import patterns
+
+    monkeypatch.setattr(patterns, "MEMO_TEXTS", 4)
+    monkeypatch.setattr(patterns, "_SEARCHED", patterns.OrderedDict())
+    d = patterns.Declared(re.compile("x"), ("x",), False, False)
+    patterns._memo(patterns._SEARCHED, d, "x repeated")
+    for i in range(10):
+        patterns._memo(patterns._SEARCHED, d, f"x new {i}")
+        patterns._memo(patterns._SEARCHED, d, "x repeated")  # a crash loop's line, seen again
+    assert "x repeated" in patterns._SEARCHED and len(patterns._SEARCHED) == 4

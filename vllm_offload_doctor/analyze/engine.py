@@ -32,6 +32,7 @@ from vllm_offload_doctor.analyze.patterns import (
     block_finder,
     declare,
     declare_words,
+    keyword_index,
     literal_matcher,
     prefilter_words,
     span_finder,
@@ -70,6 +71,7 @@ CONTEXT_LINES = 12
 _UNSEEN = object()
 _NUL_HOLE = re.compile("\0{16,}")
 HYPERSCAN_BLOCK = 1 << 20  # a block this big is scanned with Hyperscan, when installed
+INDEX_AFTER = 2000  # lines matched against the rules before their words are indexed (Hyperscan)
 
 
 @dataclass(slots=True)
@@ -133,14 +135,14 @@ class Engine:
         return self._find_served(raw.encode(), 0) is not None
 
     def analyze_lines(self, lines: Iterable[str], name: str = "<lines>") -> Analysis:
-        state = _State(self.rules, self.knowledge, self.visible)
+        state = _State(self.rules, self.knowledge, self.visible, self.fast)
         for no, raw in enumerate(lines, start=1):
             for part in split_long(raw.rstrip("\n")):
                 state.feed_raw(no, part)
         return state.finish(name, lines_read=state.last_no)
 
     def _analyze_stream(self, stream: Any, name: str) -> Analysis:
-        state = _State(self.rules, self.knowledge, self.visible)
+        state = _State(self.rules, self.knowledge, self.visible, self.fast)
         error: str | None = None
         line_base = 0
         first = True
@@ -279,7 +281,11 @@ class _State:
     replay = True  # repeated lines replayed from their plan (tests compare with False)
 
     def __init__(
-        self, rules: Sequence[Rule], knowledge: Knowledge, visible: Callable[[str], bool]
+        self,
+        rules: Sequence[Rule],
+        knowledge: Knowledge,
+        visible: Callable[[str], bool],
+        fast: bool = False,
     ) -> None:
         self.rules = rules
         self.knowledge = knowledge
@@ -288,6 +294,9 @@ class _State:
             literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
         )
         self._by_line = any(r.where == "line" for r in self.matching)
+        self.fast = fast
+        self._matched_lines = 0  # lines matched against the rules so far
+        self.keywords: Callable[[bytes], list[int]] | None = None  # patterns.keyword_index
         self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
         self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
         self.matched: list[str] = []  # rule ids matched by the line being fed
@@ -449,10 +458,17 @@ class _State:
         if found is not None:
             return found
         found = ()
-        if self._rule_words(
-            line.text.encode(), 0
-        ):  # one scan for all keywords: most lines hold none
-            for rule in self.matching:
+        data = line.text.encode()
+        if self._matched_lines < INDEX_AFTER or self.keywords is None:
+            self._matched_lines += 1
+            if self._matched_lines == INDEX_AFTER and self.fast:  # many lines: worth compiling
+                self.keywords = keyword_index([r.keywords for r in self.matching])
+            # One scan for all keywords (most lines hold none), then each rule's words.
+            rules = self.matching if self._rule_words(data, 0) else ()
+        else:
+            rules = [self.matching[i] for i in self.keywords(data)]  # the rules with a word here
+        if rules:
+            for rule in rules:
                 text = line.text if rule.where == "line" else line.msg
                 if any(k in text for k in rule.keywords):
                     m, gave_up = rule.attempt(text)

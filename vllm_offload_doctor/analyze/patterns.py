@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,15 +24,21 @@ MAX_TEXT = 16_384
 class Declared:
     """A compiled pattern, gated by its words and bounded to MAX_TEXT characters."""
 
-    __slots__ = ("icase", "rx", "until_served", "words")
+    __slots__ = ("icase", "owner", "rx", "until_served", "words")
 
     def __init__(
-        self, rx: re.Pattern[str], words: tuple[str, ...], icase: bool, until_served: bool
+        self,
+        rx: re.Pattern[str],
+        words: tuple[str, ...],
+        icase: bool,
+        until_served: bool,
+        owner: str = "",
     ):
         self.rx = rx
         self.words = words
         self.icase = icase  # the words are matched ignoring case
         self.until_served = until_served  # the prefilter drops the words once a request was served
+        self.owner = owner  # the module that declared it (facts.py gates its feed by its own words)
 
     def _gate(self, text: str) -> str | None:
         text = text[:MAX_TEXT]
@@ -55,23 +63,32 @@ class Declared:
 
 
 # Results per text, so a line that repeats (a crash loop prints the same start-up and traceback
-# again and again) is matched once: text -> {pattern: match}. Bounded, and pure.
-_SEARCHED: dict[str, dict[Any, Any]] = {}  # text -> {Declared or Bounded: match or None}
-_MATCHED: dict[str, dict[Any, Any]] = {}
+# again and again) is matched once: text -> {pattern: match}. A size-capped LRU, and pure.
+_SEARCHED: OrderedDict[str, dict[Any, Any]] = OrderedDict()  # text -> {pattern: match or None}
+_MATCHED: OrderedDict[str, dict[Any, Any]] = OrderedDict()
 MEMO_TEXTS = 1024
 MEMO_TEXT_LEN = 4096
 
 
-def _memo(memo: dict[str, dict[Any, Any]], d: Declared, text: str) -> re.Match[str] | None:
+def _results(memo: OrderedDict[str, dict[Any, Any]], text: str) -> dict[Any, Any]:
+    """The results kept for a new text, making room by the least recently used one."""
+    if len(memo) >= MEMO_TEXTS:
+        memo.popitem(last=False)
+    results: dict[Any, Any] = {}
+    memo[text] = results
+    return results
+
+
+def _memo(memo: OrderedDict[str, dict[Any, Any]], d: Declared, text: str) -> re.Match[str] | None:
     results = memo.get(text)
     if results is None:
         if len(text) > MEMO_TEXT_LEN:
             t = d._gate(text)
             return None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
-        if len(memo) >= MEMO_TEXTS:
-            memo.clear()
-        results = memo[text] = {}
-    elif d in results:
+        results = _results(memo, text)
+    else:
+        memo.move_to_end(text)
+    if d in results:
         known: re.Match[str] | None = results[d]
         return known
     t = d._gate(text)
@@ -91,7 +108,8 @@ def declare(
     if not words or not all(words):
         raise ValueError(f"pattern {pattern!r} needs its literal words")
     kept = tuple(w.lower() for w in words) if icase else tuple(words)
-    d = Declared(re.compile(pattern, flags), kept, icase, until_served)
+    owner = sys._getframe(1).f_globals.get("__name__", "")
+    d = Declared(re.compile(pattern, flags), kept, icase, until_served, owner)
     _DECLARED.append(d)
     return d
 
@@ -215,6 +233,47 @@ def _block_finder(words: tuple[tuple[str, bool], ...]) -> Callable[[bytes, int],
     return find
 
 
+def keyword_index(groups: Sequence[Sequence[str]]) -> Callable[[bytes], list[int]] | None:
+    """Which groups (a rule's keywords each) have a word in a text, in order: one Hyperscan scan
+    reporting every word once, overlapping ones too, instead of a substring test per word.
+    None without Hyperscan."""
+    return _keyword_index(tuple(tuple(g) for g in groups))
+
+
+@functools.lru_cache(maxsize=8)
+def _keyword_index(groups: tuple[tuple[str, ...], ...]) -> Callable[[bytes], list[int]] | None:
+    words = sorted({w for g in groups for w in g})
+    if not words:
+        return None
+    try:
+        import hyperscan
+
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        db.compile(
+            expressions=[w.encode() for w in words],
+            ids=list(range(len(words))),
+            elements=len(words),
+            flags=hyperscan.HS_FLAG_SINGLEMATCH,
+            literal=True,
+        )
+    except Exception:  # not installed, or a build that refuses the words
+        return None
+    owners = [[i for i, g in enumerate(groups) if w in g] for w in words]
+    seen: list[int] = []
+
+    def on(word: int, _from: int, _to: int, _flags: int, _ctx: Any) -> None:
+        seen.append(word)
+
+    def which(data: bytes) -> list[int]:
+        seen.clear()
+        db.scan(data, match_event_handler=on)
+        if len(seen) == 1:
+            return owners[seen[0]]
+        return sorted({g for w in seen for g in owners[w]})
+
+    return which
+
+
 # -- rule and knowledge patterns ---------------------------------------------------------------
 
 DEFAULT_TIMEOUT_S = 0.05
@@ -261,14 +320,14 @@ class Bounded:
         text = text[:MAX_TEXT]
         memo = _SEARCHED if search else _MATCHED
         results = memo.get(text)
-        if results is not None and self in results:
-            return results[self]
+        if results is not None:
+            memo.move_to_end(text)
+            if self in results:
+                return results[self]
         found = self._run_once(search, text, timeout)
         if len(text) <= MEMO_TEXT_LEN:
             if results is None:
-                if len(memo) >= MEMO_TEXTS:
-                    memo.clear()
-                results = memo[text] = {}
+                results = _results(memo, text)
             results[self] = found
         return found
 
