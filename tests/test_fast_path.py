@@ -206,7 +206,11 @@ def test_the_crafted_loops_catch_a_comparison_that_ignores_the_change(
     def careless(self: runs.Echo, block: bytes, at: int, digits: object) -> object:
         # The same shape, every digit free: pids paired by place, not one to one.
         window = block[at : at + self.size]
-        if len(window) != self.size or window.translate(runs._BLIND) != self.blind:
+        if len(window) != self.size:
+            return None
+        if self.window is not None:
+            self._prepare(self.window, digits)  # type: ignore[arg-type]
+        if window.translate(runs._BLIND) != self.blind:
             return None
         rename = {
             a.decode(): b.decode()

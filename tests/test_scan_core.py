@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from vllm_offload_doctor.analyze import engine as analyze
 from vllm_offload_doctor.analyze import logread
-from vllm_offload_doctor.analyze.patterns import block_finder
+from vllm_offload_doctor.analyze.patterns import block_scanner
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
@@ -43,14 +43,16 @@ def _lines(find: object, data: bytes) -> list[int]:
 
 def test_hyperscan_finds_the_lines_re2_finds() -> None:
     engine = analyze.Engine()
-    for served in (False, True):
-        fast = block_finder(engine.prefilter_words(served=served))
-        if fast is None:
-            pytest.skip("hyperscan is not installed here (an optional dependency): RE2 only")
-        ref = engine._find_served if served else engine._find
-        crafted = b"x\nKV CACHE SIZE: 5 tokens\nmodel runner\n\xff\xfeERROR\n" + b"a" * 5000
-        for data in [crafted, *(p.read_bytes() for p in LOGS)]:
-            assert _lines(fast, data) == _lines(ref, data)
+    words = engine.prefilter_words()
+    served = set(engine.prefilter_words(served=True))
+    scan = block_scanner(words)
+    if scan is None:
+        pytest.skip("hyperscan is not installed here (an optional dependency): RE2 only")
+    crafted = b"x\nKV CACHE SIZE: 5 tokens\nmodel runner\n\xff\xfeERROR\n" + b"a" * 5000
+    for data in [crafted, *(p.read_bytes() for p in LOGS)]:
+        every, only = scan(data, [None, [wi in served for wi in words]])
+        assert _lines(every, data) == _lines(engine._find, data)
+        assert _lines(only, data) == _lines(engine._find_served, data)
     assert len(LOGS) > 20
 
 

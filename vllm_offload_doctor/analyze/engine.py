@@ -29,7 +29,7 @@ from vllm_offload_doctor.analyze.model import (
 )
 from vllm_offload_doctor.analyze.normalize import SPLIT_THRESHOLD, Line, parse, split_long
 from vllm_offload_doctor.analyze.patterns import (
-    block_finder,
+    block_scanner,
     declare,
     declare_words,
     keyword_index,
@@ -105,7 +105,7 @@ class Engine:
         # The fast paths (whole starts echoed, runs.Echo); OFFLOAD_DOCTOR_PURE=1 leaves the line by
         # line engine alone, the reference the tests hold them to.
         self.fast = os.environ.get("OFFLOAD_DOCTOR_PURE", "") in ("", "0")
-        self._block_finds: tuple[Any, ...] | None = None  # Hyperscan's, once a big block came
+        self._scanners: tuple[Any, ...] | None = None  # Hyperscan's, once a big block came
         self._digit_hits, self._digit_near = _digit_finders(self.prefilter_words())
 
     def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
@@ -175,20 +175,30 @@ class Engine:
             line_base = self._scan(part, line_base, state)
         return line_base
 
-    def _finders(self, size: int) -> tuple[Any, Any]:
-        """The prefilter's finds (all words, served words): Hyperscan for a big block when it is
-        installed (compiled on first need: a short log never pays its 20-40 ms), else RE2."""
-        if not self.fast or size < HYPERSCAN_BLOCK:
+    def _finders(self, block: bytes, state: _State) -> tuple[Any, Any]:
+        """The prefilter's finds over a block (all words, the served ones): Hyperscan's for a big
+        block when it is installed (compiled on first need: a short log never pays its 20-40 ms),
+        else RE2's."""
+        if not self.fast or len(block) < HYPERSCAN_BLOCK:
             return self._find, self._find_served
-        if self._block_finds is None:
-            every = block_finder(self.prefilter_words())
-            served = block_finder(self.prefilter_words(served=True))
-            self._block_finds = (every, served) if every and served else ()
-        return self._block_finds or (self._find, self._find_served)
+        if self._scanners is None:
+            words = self.prefilter_words()
+            served = set(self.prefilter_words(served=True))
+            every = block_scanner(words)
+            only = block_scanner(sorted(served, key=lambda wi: (-len(wi[0]), wi)))
+            keep = [wi in served for wi in words]
+            self._scanners = (every, only, keep) if every and only else ()
+        if not self._scanners:
+            return self._find, self._find_served
+        every, only, keep = self._scanners
+        if state.collector.served_requests:  # most of a serving log: its bulk words left out
+            return self._find, only(block, [None])[0]  # a start after it begins with RE2's
+        find_all, find_served = every(block, [None, keep])
+        return find_all, find_served
 
     def _scan(self, block: bytes, line_base: int, state: _State) -> int:
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        find_all, find_served = self._finders(len(block))
+        find_all, find_served = self._finders(block, state)
         feed = state.feed_raw
         pos = 0
         counted_to = 0
@@ -211,8 +221,8 @@ class Engine:
             if len(raw) < SPLIT_THRESHOLD:
                 feed(line_no + 1, raw)
                 if state.started_at == line_no + 1 and self.fast:
-                    find = find_served if state.collector.served_requests else find_all
-                    start, end, line_no = self._echo(block, start, end, line_no, find, state)
+                    served = bool(state.collector.served_requests)
+                    start, end, line_no = self._echo(block, start, end, line_no, served, state)
                     counted_to = start
             else:
                 for part in split_long(raw):
@@ -221,7 +231,7 @@ class Engine:
         return line_no + block.count(b"\n", counted_to)
 
     def _echo(
-        self, block: bytes, start: int, end: int, line_no: int, find: Any, state: _State
+        self, block: bytes, start: int, end: int, line_no: int, served: bool, state: _State
     ) -> tuple[int, int, int]:
         """At a start's first line (offsets start, end; line line_no + 1): skip the starts from here
         that repeat the echo start (runs.Echo), else make the start that just ended the echo start.
@@ -230,15 +240,15 @@ class Engine:
         moved = False
         for attempt in range(2):
             if attempt:  # the start that just ended, fed in full, becomes the echo start
-                if moved or mark is None or mark[0] is not block or mark[1] is not find:
+                if moved or mark is None or mark[0] is not block or mark[1] != served:
                     break
                 window = block[mark[2] : end + 1]
                 if not runs.Echo.fits(window):
                     break
                 ref = runs.Echo(window, line_no + 1 - mark[3], state.closed,
-                                state.splitter.snapshot(), self._digit_hits, self._digit_near)  # fmt: skip
-                state.echo = (find, ref)
-            while state.echo is not None and state.echo[0] is find:
+                                state.splitter.snapshot(), self._digit_near)  # fmt: skip
+                state.echo = (served, ref)
+            while state.echo is not None and state.echo[0] == served:
                 ref = state.echo[1]
                 if ref.visible and not state.runs.repeats(ref.sig):
                     break  # only a start merged with the one before is skipped unjudged
@@ -251,7 +261,7 @@ class Engine:
                 state.echo_start(line_no + 1, ref, rename)
                 state.feed_started(line_no + 1, block[start:end].decode("utf-8", "replace"))
                 moved = True
-        state.echo_mark = (block, find, start, line_no + 1)
+        state.echo_mark = (block, served, start, line_no + 1)
         return start, end, line_no
 
 
@@ -307,9 +317,10 @@ class _State:
         self.runs = runs.Runs()
         self.started_at = 0  # the line where the Splitter last began a start
         self.closed = (0, False)  # run_sig and run_visible of the start that ended there
-        self.echo: tuple[Any, runs.Echo] | None = None  # (prefilter, start) Engine._echo skips
-        # (block, prefilter, offset, line) of the last start's first line
-        self.echo_mark: tuple[bytes, Any, int, int] | None = None
+        self.echo: tuple[bool, runs.Echo] | None = None  # (served, start) Engine._echo skips
+        # (block, served, offset, line) of the last start's first line (served: the prefilter
+        # left the served words out when it was fed)
+        self.echo_mark: tuple[bytes, bool, int, int] | None = None
         self._start_run(1)
 
     def _start_run(self, first_line: int) -> None:

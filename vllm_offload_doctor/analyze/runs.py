@@ -126,8 +126,8 @@ class Echo:
     unjudged (Runs.repeat). The engine then skips it (engine._State.echo_start).
     """
 
-    __slots__ = ("blind", "digits", "keep", "last_at", "lines", "npids", "pid_at", "pids", "sig",
-                 "size", "splitter", "value", "visible")  # fmt: skip
+    __slots__ = ("blind", "digits", "keep", "last_at", "lines", "near", "npids", "pid_at", "pids",
+                 "sig", "size", "splitter", "value", "visible", "window")  # fmt: skip
 
     def __init__(
         self,
@@ -135,16 +135,22 @@ class Echo:
         lines: int,
         run: tuple[int, bool],
         splitter: tuple[int, dict[str, str], str],
-        digits: Callable[[bytes], list[int]],
         near: Callable[[bytes], list[int]],
     ) -> None:
-        """`digits`: where the prefilter's words with digits match; `near`: where they match,
-        their digits made 0, in a text whose digits are made 0 (a digit they hold may change)."""
+        """`near`: where the prefilter's words with digits match, their digits made 0, in a text
+        whose digits are made 0 (a digit they hold may change); `rename`'s `digits`: where they
+        match."""
         self.size = len(window)
         self.lines = lines  # lines from the first to the next start's first line
         self.sig, self.visible = run  # the start's fingerprint and visibility (engine._State)
         self.splitter = splitter  # the Splitter's state after the next start's first line
         self.last_at = window.rfind(b"\n", 0, self.size - 1) + 1  # that line's offset
+        self.window: bytes | None = window  # until a start of its size comes (most never do)
+        self.near = near
+        self.digits: list[int] | None = None
+
+    def _prepare(self, window: bytes, digits: Callable[[bytes], list[int]]) -> None:
+        self.window = None
         self.blind = window.translate(_BLIND)
         keep = bytearray(b"\xff" * self.size)
         changing = []  # (start, end) of each prefix's pid and time
@@ -157,7 +163,7 @@ class Echo:
         # A word with digits could meet a changed digit: then its hits are compared.
         starts = [a for a, _ in changing]
         digit_words = False
-        for hit in near(self.blind):  # a hit hides at most one overlapping it: 2 x NEAR
+        for hit in self.near(self.blind):  # a hit hides at most one overlapping it: 2 x NEAR
             i = bisect.bisect_right(starts, hit + 2 * NEAR) - 1
             digit_words = digit_words or (i >= 0 and changing[i][1] + 2 * NEAR >= hit)
         self.keep = int.from_bytes(keep, "little")
@@ -178,7 +184,11 @@ class Echo:
     ) -> dict[str, str] | None:
         """The pid renaming under which `block[at:]` repeats this window, or None."""
         window = block[at : at + self.size]
-        if len(window) != self.size or window.translate(_BLIND) != self.blind:
+        if len(window) != self.size:
+            return None
+        if self.window is not None:
+            self._prepare(self.window, digits)
+        if window.translate(_BLIND) != self.blind:
             return None
         if int.from_bytes(window, "little") & self.keep != self.value:
             return None
