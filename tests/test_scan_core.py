@@ -4,6 +4,7 @@ does, the C binary check what the per-byte count said."""
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -96,10 +97,42 @@ def test_the_pattern_memo_keeps_a_repeated_line_while_new_ones_come(
     from vllm_offload_doctor.analyze import patterns
 
     monkeypatch.setattr(patterns, "MEMO_TEXTS", 4)
-    monkeypatch.setattr(patterns, "_SEARCHED", patterns.OrderedDict())
+    monkeypatch.setattr(patterns, "_SEARCHED", OrderedDict())
     d = patterns.Declared(re.compile("x"), ("x",), False, False)
     patterns._memo(patterns._SEARCHED, d, "x repeated")
     for i in range(10):
         patterns._memo(patterns._SEARCHED, d, f"x new {i}")
         patterns._memo(patterns._SEARCHED, d, "x repeated")  # a crash loop's line, seen again
     assert "x repeated" in patterns._SEARCHED and len(patterns._SEARCHED) == 4
+
+
+def test_a_restart_after_a_served_block_keeps_its_served_words(tmp_path: Path) -> None:
+    # A start that served through a whole 4 MiB block, then a restart whose only sign of running
+    # is a stats line (a word the prefilter drops once the current start served): the prefilter
+    # chooses per line, for the start it is in, so the restart is seen running on both paths.
+    banner = (
+        "(APIServer pid={p}) INFO 12-02 10:00:0{s} [api_server.py:1] vLLM API server version 0.25.1"
+    )
+    args = (
+        "(APIServer pid={p}) INFO 12-02 10:00:0{s} [utils.py:1] non-default args: {{'model': '/m'}}"
+    )
+    served = '(APIServer pid=1) INFO:     127.0.0.1:5 - "POST /v1/completions HTTP/1.1" 200 OK '
+    lines = [
+        banner.format(p=1, s=0),
+        args.format(p=1, s=0),
+        "(APIServer pid=1) INFO 12-02 10:00:01 [launcher.py:1] Application startup complete.",
+        *[served + "x" * 60] * 60_000,
+        banner.format(p=2, s=2),
+        args.format(p=2, s=2),
+        "(APIServer pid=2) INFO 12-02 10:00:03 [loggers.py:1] Engine 000: Avg prompt throughput: "
+        "10.0 tokens/s, Running: 1 reqs",
+    ]
+    path = tmp_path / "served.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert path.stat().st_size > 2 * logread.BLOCK
+    engine = analyze.Engine()
+    runs_of = [(r.first_line, r.verdict.category.value) for r in engine.analyze_file(path).runs]
+    assert runs_of == [
+        (r.first_line, r.verdict.category.value) for r in engine.analyze_lines(lines).runs
+    ]
+    assert runs_of == [(1, "healthy")]
