@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -19,8 +20,10 @@ from vllm_offload_doctor.analyze.model import (
 )
 from vllm_offload_doctor.analyze.normalize import SPLIT_THRESHOLD, Line, parse, split_long
 from vllm_offload_doctor.analyze.patterns import (
+    block_scanner,
     declare,
     declare_words,
+    keyword_index,
     literal_matcher,
     prefilter_words,
     span_finder,
@@ -52,6 +55,8 @@ declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 CONTEXT_LINES = 12
 _UNSEEN = object()
 _NUL_HOLE = re.compile("\0{16,}")
+HYPERSCAN_BLOCK = 1 << 20  # a block this big is scanned with Hyperscan, when installed
+INDEX_AFTER = 2000  # lines matched against the rules before their words are indexed (Hyperscan)
 
 
 @dataclass(slots=True)
@@ -82,6 +87,11 @@ class Engine:
             span_finder(self._prefilter),
             span_finder(self._prefilter_served),
         )
+        # The fast paths (whole starts echoed, runs.Echo); OFFLOAD_DOCTOR_PURE=1 leaves the line by
+        # line engine alone, the reference the tests hold them to.
+        self.fast = os.environ.get("OFFLOAD_DOCTOR_PURE", "") in ("", "0")
+        self._scanners: tuple[Any, ...] | None = None  # Hyperscan's, once a big block came
+        self._digit_hits, self._digit_near = _digit_finders(self.prefilter_words())
 
     def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
         """(word, ignore case): the declared fact words, the knowledge's and the rules' keywords."""
@@ -110,14 +120,14 @@ class Engine:
         return self._find_served(raw.encode(), 0) is not None
 
     def analyze_lines(self, lines: Iterable[str], name: str = "<lines>") -> Analysis:
-        state = _State(self.rules, self.knowledge, self.visible)
+        state = _State(self.rules, self.knowledge, self.visible, self.fast)
         for no, raw in enumerate(lines, start=1):
             for part in split_long(raw.rstrip("\n")):
                 state.feed_raw(no, part)
         return state.finish(name, lines_read=state.last_no)
 
     def _analyze_stream(self, stream: Any, name: str) -> Analysis:
-        state = _State(self.rules, self.knowledge, self.visible)
+        state = _State(self.rules, self.knowledge, self.visible, self.fast)
         error: str | None = None
         line_base = 0
         first = True
@@ -130,8 +140,7 @@ class Engine:
                     # vLLM's level prefix on a line the prefilter skips still makes it vLLM's log.
                     if _LEVEL_PREFIX.search(block, 0, 1 << 16):
                         state.saw_level = True
-                self._scan_block(block, line_base, state)
-                line_base += block.count(b"\n")
+                line_base = self._scan_block(block, line_base, state)
         except logread.InputStopped as exc:
             error = str(exc)
         except logread.TruncatedInput as exc:
@@ -140,26 +149,50 @@ class Engine:
             raise InputError(f"{name}: empty file")
         return state.finish(name, lines_read=line_base, error=error)
 
-    def _scan_block(self, block: bytes, line_base: int, state: _State) -> None:
+    def _scan_block(self, block: bytes, line_base: int, state: _State) -> int:
+        """Feed a block's interesting lines; returns the line count after it."""
         if b"\0" not in block:
-            self._scan(block, line_base, state)
-            return
+            return self._scan(block, line_base, state)
         # A hole of NUL bytes: a second writer's lines follow (runs.py); each side is scanned.
         for i, part in enumerate(logread.NUL_HOLE.split(block)):
             if i:
                 state.hole(line_base + 1)
-            self._scan(part, line_base, state)
-            line_base += part.count(b"\n")
+            line_base = self._scan(part, line_base, state)
+        return line_base
 
-    def _scan(self, block: bytes, line_base: int, state: _State) -> None:
+    def _finders(self, block: bytes, state: _State) -> tuple[Any, Any]:
+        """The prefilter's finds over a block (all words, the served ones): Hyperscan's for a big
+        block when it is installed (compiled on first need: a short log never pays its 20-40 ms),
+        else RE2's."""
+        if not self.fast or len(block) < HYPERSCAN_BLOCK:
+            return self._find, self._find_served
+        if self._scanners is None:
+            words = self.prefilter_words()
+            served = set(self.prefilter_words(served=True))
+            every = block_scanner(words)
+            only = block_scanner(sorted(served, key=lambda wi: (-len(wi[0]), wi)))
+            keep = [wi in served for wi in words]
+            self._scanners = (every, only, keep) if every and only else ()
+        if not self._scanners:
+            return self._find, self._find_served
+        every, only, keep = self._scanners
+        if state.collector.served_requests:  # most of a serving log: its bulk words left out
+            return self._find, only(block, [None])[0]  # a start after it begins with RE2's
+        find_all, find_served = every(block, [None, keep])
+        return find_all, find_served
+
+    def _scan(self, block: bytes, line_base: int, state: _State) -> int:
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        find = self._find_served if state.collector.served_requests else self._find
+        find_all, find_served = self._finders(block, state)
         feed = state.feed_raw
         pos = 0
         counted_to = 0
         line_no = line_base
         size = len(block)
         while pos < size:
+            # The start's first served request drops the words it no longer needs (a serving
+            # log's access and stats lines), from the next line on.
+            find = find_served if state.collector.served_requests else find_all
             span = find(block, pos)
             if span is None:
                 break
@@ -172,10 +205,69 @@ class Engine:
             raw = block[start:end].decode("utf-8", "replace")
             if len(raw) < SPLIT_THRESHOLD:
                 feed(line_no + 1, raw)
+                if state.started_at == line_no + 1 and self.fast:
+                    served = bool(state.collector.served_requests)
+                    start, end, line_no = self._echo(block, start, end, line_no, served, state)
+                    counted_to = start
             else:
                 for part in split_long(raw):
                     feed(line_no + 1, part)
             pos = end + 1
+        return line_no + block.count(b"\n", counted_to)
+
+    def _echo(
+        self, block: bytes, start: int, end: int, line_no: int, served: bool, state: _State
+    ) -> tuple[int, int, int]:
+        """At a start's first line (offsets start, end; line line_no + 1): skip the starts from here
+        that repeat the echo start (runs.Echo), else make the start that just ended the echo start.
+        Returns the offsets and line index of the start's first line that is fed next."""
+        mark = state.echo_mark
+        moved = False
+        for attempt in range(2):
+            if attempt:  # the start that just ended, fed in full, becomes the echo start
+                if moved or mark is None or mark[0] is not block or mark[1] != served:
+                    break
+                window = block[mark[2] : end + 1]
+                if not runs.Echo.fits(window):
+                    break
+                ref = runs.Echo(window, line_no + 1 - mark[3], state.closed,
+                                state.splitter.snapshot(), self._digit_near)  # fmt: skip
+                state.echo = (served, ref)
+            while state.echo is not None and state.echo[0] == served:
+                ref = state.echo[1]
+                if ref.visible and not state.runs.repeats(ref.sig):
+                    break  # only a start merged with the one before is skipped unjudged
+                rename = ref.rename(block, start, self._digit_hits)
+                if rename is None:
+                    break
+                start += ref.last_at
+                end = start + (ref.size - ref.last_at) - 1
+                line_no += ref.lines
+                state.echo_start(line_no + 1, ref, rename)
+                state.feed_started(line_no + 1, block[start:end].decode("utf-8", "replace"))
+                moved = True
+        state.echo_mark = (block, served, start, line_no + 1)
+        return start, end, line_no
+
+
+def _digit_finders(
+    words: Sequence[tuple[str, bool]],
+) -> tuple[Callable[[bytes], list[int]], Callable[[bytes], list[int]]]:
+    """Where the prefilter words with digits match, and where they match with every digit made 0
+    in a text whose digits are made 0 (runs.Echo: a digit they hold might change)."""
+    digit_words = [wi for wi in words if any(c.isdigit() for c in wi[0])]
+    if not digit_words:
+        return (lambda data: []), (lambda data: [])
+    hits = literal_matcher(digit_words)
+    zero = str.maketrans("0123456789", "0000000000")
+    near = literal_matcher([(w.translate(zero), i) for w, i in digit_words])
+    if any(len(w) > runs.NEAR for w, _ in digit_words):  # Echo looks only this far around a digit
+        return (lambda data: [m.start() for m in hits.finditer(data)]), (
+            lambda data: list(range(0, len(data), runs.NEAR))
+        )
+    return (lambda data: [m.start() for m in hits.finditer(data)]), (
+        lambda data: [m.start() for m in near.finditer(data)]
+    )
 
 
 class _State:
@@ -184,7 +276,11 @@ class _State:
     replay = True  # repeated lines replayed from their plan (tests compare with False)
 
     def __init__(
-        self, rules: Sequence[Rule], knowledge: Knowledge, visible: Callable[[str], bool]
+        self,
+        rules: Sequence[Rule],
+        knowledge: Knowledge,
+        visible: Callable[[str], bool],
+        fast: bool = False,
     ) -> None:
         self.rules = rules
         self.knowledge = knowledge
@@ -193,6 +289,9 @@ class _State:
             literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
         )
         self._by_line = any(r.where == "line" for r in self.matching)
+        self.fast = fast
+        self._matched_lines = 0  # lines matched against the rules so far
+        self.keywords: Callable[[bytes], list[int]] | None = None  # patterns.keyword_index
         self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
         self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
         self.matched: list[str] = []  # rule ids matched by the line being fed
@@ -201,6 +300,12 @@ class _State:
         self.last_no = 0
         self.splitter = runs.Splitter(visible)
         self.runs = runs.Runs()
+        self.started_at = 0  # the line where the Splitter last began a start
+        self.closed = (0, False)  # run_sig and run_visible of the start that ended there
+        self.echo: tuple[bool, runs.Echo] | None = None  # (served, start) Engine._echo skips
+        # (block, served, offset, line) of the last start's first line (served: the prefilter
+        # left the served words out when it was fed)
+        self.echo_mark: tuple[bytes, bool, int, int] | None = None
         self._start_run(1)
 
     def _start_run(self, first_line: int) -> None:
@@ -349,10 +454,17 @@ class _State:
         if found is not None:
             return found
         found = ()
-        if self._rule_words(
-            line.text.encode(), 0
-        ):  # one scan for all keywords: most lines hold none
-            for rule in self.matching:
+        data = line.text.encode()
+        if self._matched_lines < INDEX_AFTER or self.keywords is None:
+            self._matched_lines += 1
+            if self._matched_lines == INDEX_AFTER and self.fast:  # many lines: worth compiling
+                self.keywords = keyword_index([r.keywords for r in self.matching])
+            # One scan for all keywords (most lines hold none), then each rule's words.
+            rules = self.matching if self._rule_words(data, 0) else ()
+        else:
+            rules = [self.matching[i] for i in self.keywords(data)]  # the rules with a word here
+        if rules:
+            for rule in rules:
                 text = line.text if rule.where == "line" else line.msg
                 if any(k in text for k in rule.keywords):
                     m, gave_up = rule.attempt(text)
@@ -382,6 +494,11 @@ class _State:
         # In an input that holds pasted reports (compare's commands.txt), a command line is theirs.
         if self.splitter.new_start(raw, self._ended, self._progressed) and not self.reports.kinds:
             self.new_start(no)
+            self.started_at = no
+        self.feed_started(no, raw)
+
+    def feed_started(self, no: int, raw: str) -> None:
+        """Feed a line once the Splitter has said whether it begins a start."""
         if not self.run_visible:
             self.run_visible = self.splitter.visible(raw)
         key = repeats.key(raw)
@@ -518,7 +635,19 @@ class _State:
                     verdict.decides(run, self._ended()),
                     self.run_sig,
                 )
+        self.closed = (self.run_sig, self.run_visible)
         self._start_run(no)
+
+    def echo_start(self, no: int, ref: runs.Echo, rename: dict[str, str]) -> None:
+        """The lines up to `no` repeat `ref`'s start (runs.Echo): what feeding them would leave.
+
+        Its start is merged with the one before unjudged, and the Splitter is where it was after
+        `ref`'s last line, pids renamed; line `no` begins a start (it is fed next).
+        """
+        self.run_sig, self.run_visible = ref.sig, ref.visible
+        self.new_start(no)
+        self.splitter.restore(ref.splitter, rename)
+        self.started_at = no
 
     # -- verdict (verdict.py decides) -------------------------------------------------------
     def finish(self, name: str, lines_read: int, error: str | None = None) -> Analysis:

@@ -351,13 +351,27 @@ CODE_HINTS = (
 MAX_FRAMES = 5000
 MAX_FIRST_FRAMES = 1000
 _NOT_FED = (_FRAME, *(rx for rx, _ in CODE_HINTS))  # frames are replayed; hints read the context
-# Every word a fact pattern other than those needs: a line holding none of them (in its text,
-# which contains its message) changes no fact, whatever FactCollector.feed is asked.
-_FACT_WORDS = span_finder(
-    literal_matcher(
-        sorted({(w, d.icase) for d in declared()[_FIRST:] if d not in _NOT_FED for w in d.words})
+
+
+@functools.cache
+def _fact_words() -> Any:
+    """Every word a fact pattern of this module other than those needs: a line holding none of
+    them (in its text, which contains its message) changes no fact, whatever `feed` is asked.
+    Made on first use, so a pattern declared anywhere in this module counts."""
+    return span_finder(
+        literal_matcher(
+            sorted(
+                {
+                    (w, d.icase)
+                    for d in declared()
+                    if d.owner == __name__ and d not in _NOT_FED
+                    for w in d.words
+                }
+            )
+        )
     )
-)
+
+
 PHASES = ("start", *dict.fromkeys(k for k, _, _ in PHASE_TABLE if k), "runtime")
 
 
@@ -400,6 +414,7 @@ class FactCollector:
         self.copy_offload = False
         # The line each number-valued fact came from: evidence for rules that rest on numbers.
         self.number_lines: dict[str, tuple[int, str]] = {}
+        self._touched: tuple[str | None, bool] = (None, False)  # (text, touches(text))
 
     def add_frame(self, no: int, fn: str, path: str) -> None:
         frame = (no, fn, path)
@@ -415,7 +430,9 @@ class FactCollector:
 
     def touches(self, text: str) -> bool:
         """Whether a line with this text could change a fact other than the traceback frames."""
-        return _FACT_WORDS(text.encode(), 0) is not None
+        if text is not self._touched[0]:  # feed asked already for the line the engine asks about
+            self._touched = (text, _fact_words()(text.encode(), 0) is not None)
+        return self._touched[1]
 
     def feed(self, line: Line) -> None:
         msg = line.msg
@@ -425,6 +442,8 @@ class FactCollector:
             if fm:
                 self.add_frame(line.no, fm.group("fn"), fm.group("path"))
                 return
+        if not self.touches(line.text):
+            return  # one scan for every fact word: most lines hold none
         for phase, _, rx in PHASE_TABLE:
             if phase and rx.search(msg):
                 if phase == "ready":

@@ -11,16 +11,18 @@ wrapper or a death are processed in full every time, so the result is the same e
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 # vLLM's record prefix: process and pid, then (when logged) level, date and time.
+# runs.Echo reads the same prefix in bytes (pid and time are what two restarts' lines differ in).
 _HEAD = re.compile(
-    r"\((?P<proc>[\w:]+) pid=\d+\) (?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-    r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? )?"
+    r"\((?P<proc>[\w:]+) pid=(?P<pid>\d+)\) (?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"(?P<time>\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) )?"
 )
 MAX_KEY = 16_384  # longer lines are always processed in full (and not remembered)
-MEMO_CHARS = 2_000_000  # characters of distinct lines remembered; then the memory starts again
+MEMO_CHARS = 2_000_000  # characters of distinct lines remembered (the least recent go first)
 
 
 def key(raw: str) -> str | None:
@@ -33,17 +35,34 @@ def key(raw: str) -> str | None:
     return f"{m.group('proc')}\0{m.group('level') or ''}\0{raw[m.end() :]}"
 
 
-class Memo(dict[Any, Any]):
-    """A dict that forgets everything once its keys add up to MEMO_CHARS characters."""
+class Memo:
+    """A size-capped LRU: once its keys add up to MEMO_CHARS characters, the entries used least
+    recently go, one by one (never all at once: a crash loop's lines stay while new ones come)."""
 
-    chars = 0
+    __slots__ = ("chars", "entries")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[Any, tuple[int, Any]] = OrderedDict()  # key -> (size, value)
+        self.chars = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found = self.entries.get(key)
+        if found is None:
+            return default
+        self.entries.move_to_end(key)
+        return found[1]
 
     def remember(self, key: Any, size: int, value: Any) -> None:
-        if self.chars + size > MEMO_CHARS:
-            self.clear()
-            self.chars = 0
-        self[key] = value
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.chars -= old[0]
+        while self.entries and self.chars + size > MEMO_CHARS:
+            self.chars -= self.entries.popitem(last=False)[1][0]
+        self.entries[key] = (size, value)
         self.chars += size
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 @dataclass(frozen=True, slots=True)

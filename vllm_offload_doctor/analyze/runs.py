@@ -16,11 +16,15 @@ Only lines that hold a word of the engine's prefilter may move a boundary, so th
 
 from __future__ import annotations
 
+import bisect
+import operator
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
+from vllm_offload_doctor.analyze import repeats
 from vllm_offload_doctor.analyze.model import Analysis, Run
 
 # A shell prompt (or none), then the server's command: never a message that quotes `vllm serve`,
@@ -90,6 +94,118 @@ class Splitter:
         self.pids = {}
         self.head = "\0"
 
+    def snapshot(self) -> tuple[int, dict[str, str], str]:
+        return self.seen, dict(self.pids), self.head
+
+    def restore(self, state: tuple[int, dict[str, str], str], rename: dict[str, str]) -> None:
+        """A snapshot's state with its pids renamed (an echoed start's, see Echo)."""
+        self.seen, pids, head = state
+        self.pids = {name: rename[pid] for name, pid in pids.items()}
+        m = _PID.match(head)
+        self.head = f"({m[1]} pid={rename[m[2]]})" if m else head
+
+
+# The prefix repeats.key leaves out, read in bytes at every line start: a restart's lines differ
+# from the last start's in its pid and time only.
+_HEAD_B = re.compile(b"(?m)^" + repeats._HEAD.pattern.encode())
+_PIDS = re.compile(rb"pid=(\d+)")
+_BLIND = bytes.maketrans(b"0123456789", b"0000000000")
+NEAR = 64  # a word with digits this long at most is looked for around a prefix's digits
+
+
+class Echo:
+    """The bytes of one start, from its first line to the next start's first line.
+
+    A crash-looping pod prints the same start again and again. When a start begins at a line and
+    the bytes from there are this window's but for the digits of the pids and times in their
+    vLLM prefixes, with the pids renamed one to one, feeding them would do what feeding this
+    window did: the Splitter and the engine's state decide on text, and on pids by equality
+    only; a line's prefilter result is the same (a word without digits never meets a changed
+    byte; the words with digits are checked); the key of every line is the same (repeats.key
+    leaves exactly those prefixes out), so the start repeats the one before and is merged
+    unjudged (Runs.repeat). The engine then skips it (engine._State.echo_start).
+    """
+
+    __slots__ = ("blind", "digits", "keep", "last_at", "lines", "near", "npids", "pid_at", "pids",
+                 "sig", "size", "splitter", "value", "visible", "window")  # fmt: skip
+
+    def __init__(
+        self,
+        window: bytes,
+        lines: int,
+        run: tuple[int, bool],
+        splitter: tuple[int, dict[str, str], str],
+        near: Callable[[bytes], list[int]],
+    ) -> None:
+        """`near`: where the prefilter's words with digits match, their digits made 0, in a text
+        whose digits are made 0 (a digit they hold may change); `rename`'s `digits`: where they
+        match."""
+        self.size = len(window)
+        self.lines = lines  # lines from the first to the next start's first line
+        self.sig, self.visible = run  # the start's fingerprint and visibility (engine._State)
+        self.splitter = splitter  # the Splitter's state after the next start's first line
+        self.last_at = window.rfind(b"\n", 0, self.size - 1) + 1  # that line's offset
+        self.window: bytes | None = window  # until a start of its size comes (most never do)
+        self.near = near
+        self.digits: list[int] | None = None
+
+    def _prepare(self, window: bytes, digits: Callable[[bytes], list[int]]) -> None:
+        self.window = None
+        self.blind = window.translate(_BLIND)
+        keep = bytearray(b"\xff" * self.size)
+        changing = []  # (start, end) of each prefix's pid and time
+        for m in _HEAD_B.finditer(window):
+            for group in ("pid", "time"):
+                a, b = m.span(group)
+                if a >= 0:
+                    keep[a:b] = bytes(b - a)
+            changing.append((m.start("pid"), max(m.end("pid"), m.end("time"))))
+        # A word with digits could meet a changed digit: then its hits are compared.
+        starts = [a for a, _ in changing]
+        digit_words = False
+        for hit in self.near(self.blind):  # a hit hides at most one overlapping it: 2 x NEAR
+            i = bisect.bisect_right(starts, hit + 2 * NEAR) - 1
+            digit_words = digit_words or (i >= 0 and changing[i][1] + 2 * NEAR >= hit)
+        self.keep = int.from_bytes(keep, "little")
+        self.value = int.from_bytes(window, "little") & self.keep
+        spans = [m.span(1) for m in _PIDS.finditer(window)]
+        self.pids = [window[a:b] for a, b in spans]
+        self.pid_at: Any = operator.itemgetter(*(slice(a, b) for a, b in spans)) if spans else None
+        self.npids = len(set(self.pids))
+        self.digits = digits(window) if digit_words else None  # where words with digits match
+
+    @staticmethod
+    def fits(window: bytes) -> bool:
+        """Whether a window can be echoed: no NUL hole, every line keyed (repeats.MAX_KEY)."""
+        return b"\0" not in window and max(map(len, window.split(b"\n"))) <= repeats.MAX_KEY
+
+    def rename(
+        self, block: bytes, at: int, digits: Callable[[bytes], list[int]]
+    ) -> dict[str, str] | None:
+        """The pid renaming under which `block[at:]` repeats this window, or None."""
+        window = block[at : at + self.size]
+        if len(window) != self.size:
+            return None
+        if self.window is not None:
+            self._prepare(self.window, digits)
+        if window.translate(_BLIND) != self.blind:
+            return None
+        if int.from_bytes(window, "little") & self.keep != self.value:
+            return None
+        got: Any = self.pid_at(window) if self.pid_at is not None else ()
+        pids: Sequence[bytes] = (got,) if len(self.pids) == 1 else got  # one item: not a tuple
+        pairs = set(zip(self.pids, pids, strict=True))
+        if len(pairs) != self.npids or len(set(pids)) != self.npids:
+            return None  # not one to one
+        if self.digits is not None and digits(window) != self.digits:
+            return None
+        rename = {a.decode(): b.decode() for a, b in pairs}
+        _, pids_then, head = self.splitter
+        m = _PID.match(head)
+        if not all(p in rename for p in (*pids_then.values(), *((m[2],) if m else ()))):
+            return None
+        return rename
+
 
 def _marker(raw: str) -> int:
     if "non-default args" in raw:
@@ -118,6 +234,10 @@ class Runs:
         self.entries: deque[Run] = deque(maxlen=MAX_RUNS)
         self.last_event: Analysis | None = None  # the latest start that names an outcome
         self.last_sig: int | None = None  # the fingerprint of the latest start's lines
+
+    def repeats(self, sig: int) -> bool:
+        """Whether a start with this fingerprint would be merged (see `repeat`)."""
+        return sig == self.last_sig and bool(self.entries)
 
     def repeat(self, sig: int, last: int) -> bool:
         """A start whose lines repeat the one before (but for pids and times): merged unjudged."""
