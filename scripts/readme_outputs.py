@@ -9,7 +9,7 @@ A block sits between `<!-- output: KIND ARGS -->` and `<!-- /output -->`; KIND i
                     stderr as a terminal shows them, then its exit status
   compare DIR       DIR/report.json (a real run on an H200) through today's compare text renderer
   capture FILE A-B  lines A to B of FILE: output captured on a real machine, kept as it was
-tests/test_readme_recipes.py fails when a block drifts.
+tests/cli/test_readme_recipes.py fails when a block drifts.
 """
 
 from __future__ import annotations

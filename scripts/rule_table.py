@@ -5,7 +5,7 @@
     python scripts/rule_table.py --write README.md  # replace the section between the markers
 
 The section is everything between `<!-- rules:start -->` and `<!-- rules:end -->`; the markers are
-appended to the end of the file when it has none. tests/test_readme_rules.py keeps it from drifting.
+appended to the end of the file when it has none. tests/analyze/test_readme_rules.py keeps it from drifting.
 """
 
 from __future__ import annotations

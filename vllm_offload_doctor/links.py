@@ -1,6 +1,6 @@
 """Every web link the code prints, and every one that rule files share, in one place.
 
-A moved page is fixed here once; tests/test_links.py keeps rule files spelling shared links as here
+A moved page is fixed here once; tests/cli/test_links.py keeps rule files spelling shared links as here
 and code from writing them out again.
 """
 

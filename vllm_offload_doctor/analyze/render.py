@@ -2,7 +2,7 @@
 
 `RENDERERS` maps each format of `output.formats.FORMATS["analyze"]` to a `Format`: what to print
 for each log as it is analysed (an `ItemRenderer`), and what to print once at the end (an
-`EndRenderer`). tests/test_formats.py keeps the registry and the declared formats equal.
+`EndRenderer`). tests/cli/test_formats.py keeps the registry and the declared formats equal.
 """
 
 from __future__ import annotations

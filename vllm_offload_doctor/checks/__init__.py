@@ -6,7 +6,7 @@ run (ProbeError, OSError) makes its check a SKIP, any other exception is a BUG o
 to report it. To add one: write `checks/<name>.py` whose docstring tells the user what it
 checks (`offload-doctor check --list -v` prints it), decorate `def check_<name>(ctx: Context, r:
 Result)` with `@register("<id>", "<Title>")`, add the module's name to `MODULES` below (that sets its
-place in the report), and test it in `tests/test_checks.py` through the `FakeProbe`. A new probe
+place in the report), and test it in `tests/checks/` through the `FakeProbe`. A new probe
 answer goes in `probes.Probe`, `RealProbe`, the `FakeProbe` and a cached property of `Context`.
 
 Importing this package is cheap (the renderers need only the result model); the check modules are

@@ -119,7 +119,7 @@ class CheckRenderer(Protocol):
     def __call__(self, report: Report, *, verbose: bool = False, color: bool = False) -> str: ...
 
 
-# One per format of output.formats.FORMATS["check"] (tests/test_formats.py).
+# One per format of output.formats.FORMATS["check"] (tests/cli/test_formats.py).
 RENDERERS: dict[OutputFormat, CheckRenderer] = {
     OutputFormat.TEXT: render_text,
     OutputFormat.JSON: render_json,

@@ -1,7 +1,7 @@
 """Render a `CompareReport` as text (stdout), markdown (report.md) or JSON (report.json).
 
 `RENDERERS` is compare's registry, one `CompareRenderer` per format of
-`output.formats.FORMATS["compare"]` (tests/test_formats.py keeps the two equal);
+`output.formats.FORMATS["compare"]` (tests/cli/test_formats.py keeps the two equal);
 `report_files` is what a run saves. Only text is coloured, through `color.paint`, as check and
 analyze do.
 """
@@ -273,7 +273,7 @@ class CompareRenderer(Protocol):
     ) -> str: ...
 
 
-# One per format of output.formats.FORMATS["compare"] (tests/test_formats.py).
+# One per format of output.formats.FORMATS["compare"] (tests/cli/test_formats.py).
 RENDERERS: dict[OutputFormat, CompareRenderer] = {
     OutputFormat.TEXT: render_text,
     OutputFormat.JSON: render_json,

@@ -95,7 +95,7 @@ class InspectRenderer(Protocol):
     def __call__(self, results: list[Inspection]) -> str: ...
 
 
-# One per format of output.formats.FORMATS["inspect"] (tests/test_formats.py).
+# One per format of output.formats.FORMATS["inspect"] (tests/cli/test_formats.py).
 RENDERERS: dict[OutputFormat, InspectRenderer] = {
     OutputFormat.TEXT: render_text,
     OutputFormat.JSON: render_json,

@@ -3,7 +3,7 @@ their renderers share.
 
 `FORMATS` is the one list of what each command offers: its `--format` choices
 (`common_cli.format_option`). Each command keeps a registry `RENDERERS: dict[OutputFormat, P]`
-beside its renderers, `P` the command's renderer Protocol; tests/test_formats.py fails while a
+beside its renderers, `P` the command's renderer Protocol; tests/cli/test_formats.py fails while a
 declared format has no renderer there, or a renderer has not the Protocol's signature.
 """
 
