@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.test_rule_loading import _cli, _rule_text, _write
 
+from tests.analyze.test_rule_loading import _cli, _rule_text, _write
 from vllm_offload_doctor.analyze.rules import load_rule, render_message
 from vllm_offload_doctor.errors import RuleFileError
 

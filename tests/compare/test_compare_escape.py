@@ -15,8 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tests.test_compare_e2e import _argv, _env, free_port, kill_marked, marked, reap
 
+from tests.compare.test_compare_e2e import _argv, _env, free_port, kill_marked, marked, reap
 from vllm_offload_doctor.compare.server import CGROUP_PREFIX, own_cgroup_dir
 from vllm_offload_doctor.machine.ports import probe_port
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from tests.planted_secrets import assert_no_leak, secret_log
+from planted_secrets import assert_no_leak, secret_log
 
 from vllm_offload_doctor.cli import cli
 from vllm_offload_doctor.compare.html import render_compare_html

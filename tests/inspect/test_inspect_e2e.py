@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.test_compare_e2e import free_port
+
+from tests.compare.test_compare_e2e import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fake-vllm"
