@@ -155,6 +155,8 @@ def main(argv: list[str]) -> int:
             _cgroup.append(rest[1])
         rest = rest[2:]
     sep, cmd = rest[:1], rest[1:]
+    # Exit codes are a shell's (2 usage, 127 not run), not exitcodes': under -I -S this script
+    # cannot import the package, and the doctor reads only the server's own status through it.
     if sep != ["--"] or not cmd:
         sys.stderr.write("usage: guard.py PARENT_PID [--cgroup DIR] -- command...\n")
         return 2
