@@ -169,10 +169,10 @@ class Engine:
         if self._scanners is None:
             words = self.prefilter_words()
             served = set(self.prefilter_words(served=True))
-            every = block_scanner(words)
-            only = block_scanner(sorted(served, key=lambda wi: (-len(wi[0]), wi)))
-            keep = [wi in served for wi in words]
-            self._scanners = (every, only, keep) if every and only else ()
+            scan_all = block_scanner(words)
+            scan_served = block_scanner(sorted(served, key=lambda wi: (-len(wi[0]), wi)))
+            wanted = [wi in served for wi in words]
+            self._scanners = (scan_all, scan_served, wanted) if scan_all and scan_served else ()
         if not self._scanners:
             return self._find, self._find_served
         every, only, keep = self._scanners

@@ -494,12 +494,15 @@ def _needs_offload(base: ModeResult, off: ModeResult, fit: FitInputs) -> Compari
     )
 
 
+_UTIL_DEFAULT = runner.default_gpu_memory_utilization(None)  # when the log names no version
+
+
 @dataclass(frozen=True, slots=True)
 class FitInputs:
     """What the 'how much offload is needed' estimate may use beyond the mode's own log."""
 
     weights_gib: float | None = None  # weights per GPU, when the model is local
-    util: float = runner.default_gpu_memory_utilization(None)
+    util: float = _UTIL_DEFAULT
     max_model_len: int | None = None
     shape: ModelShape | None = None  # config.json's, for the KV cache and activations
     tp: int = 1
