@@ -120,7 +120,7 @@ class Facts:
     pin_memory_disabled: bool = False
     reached_ready: bool = False
     shut_down: bool = False
-    stayed_up: bool | None = None
+    stayed_up: bool | None = None  # always null: kept so analyze's JSON keeps its keys (schema 1)
     ranks: dict[str, RankOffload] = field(default_factory=dict)
     # The last CUDA OOM message (GiB): the allocation that failed, the GPU's total and free
     # memory, and what the process held, when the message says.
