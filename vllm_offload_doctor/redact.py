@@ -247,20 +247,28 @@ def _prefixed(m: Any) -> str:
     return str(m.group(1)) + (value if _harmless(value) else MASK)
 
 
-# A later word of `--api-key K1 K2` that assigns a secret (`VLLM_API_KEY='x'`) starts the next
-# field: its value is the key pass's to mask, which a mask over the name would hide from it.
-_ASSIGNS = re2.compile(r"\s([A-Za-z_][A-Za-z0-9_]{0,80})=(?:[^\s=]|$)")
+# A later word of `--api-key K1 K2` that assigns a secret (`VLLM_API_KEY='x'`, `(HF_TOKEN=x`)
+# starts the next field: its value is the key pass's to mask, which a mask over the name would
+# hide from it. Only a secret's name is cut off, so what follows is masked by that pass.
+_ASSIGNS = re2.compile(r"(?:^|[^A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]{0,80})=(?:[^\s=]|$)")
 
 
 def _multi(m: Any) -> str:
     value = str(m.group(2))
-    cut = _ASSIGNS.search(value)
-    if cut is not None and cut.end() == len(value) and m.string[m.end() : m.end() + 1] not in "'\"":
-        cut = None  # `K2=` at the end, unquoted: base64 padding, not a field's name
-    if cut is not None and not is_secret_name(str(cut.group(1))):
-        cut = None  # only a secret's name is cut off: the key pass masks its value
-    head, tail = (value[: cut.start()], value[cut.start() :]) if cut else (value, "")
-    return str(m.group(1)) + (head if _harmless(head) else MASK) + tail
+    quoted = m.string[m.end() : m.end() + 1] in ("'", '"')
+    cut = None
+    for a in _ASSIGNS.finditer(value):
+        if a.start() == 0 or not is_secret_name(str(a.group(1))):
+            continue
+        if a.end() == len(value) and not quoted:
+            continue  # `K2=` at the end, unquoted: base64 padding, not a field's name
+        cut = a.start(1)
+        break
+    if cut is None:
+        return str(m.group(1)) + (value if _harmless(value) else MASK)
+    head = value[:cut].rstrip(" \t([{,;:|")
+    rest = value[len(head) :]
+    return str(m.group(1)) + (head if _harmless(head) else MASK) + rest
 
 
 def _bearer(m: Any) -> str:

@@ -298,6 +298,30 @@ def test_long_crafted_lines_through_the_cli(line: str, fmt: str) -> None:
     assert_no_leak(proc.stdout + proc.stderr, f"--format {fmt}")
 
 
+@pytest.mark.parametrize("size", [280_000, 300_000])
+def test_a_line_past_max_line_is_cut_at_a_blank_not_inside_a_secret(
+    size: int, tmp_path: Path
+) -> None:
+    # Found by the test above: the forced cut at MAX_LINE split `token=` into `tok` and
+    # `en=<key>`, and the second piece's key no longer looked like one.
+    unit = "((((token=vllm-serve-api-key-7Hq2CUDA out of memory"
+    line = (
+        "(APIServer pid=7) ERROR 11-29 15:14:30 [x.py:1] " + (unit * (size // len(unit) + 1))[:size]
+    )
+    path = tmp_path / "long.log"
+    path.write_text(OOM_HEAD + line + "\n" + OOM_TAIL, encoding="utf-8")
+    proc = _cli(path, "--format", "json")
+    assert proc.returncode == 1
+    assert "7Hq2" not in proc.stdout + proc.stderr
+
+
+def test_a_forced_cut_without_a_blank_stays_at_max_line() -> None:
+    data = b"x" * (logread.MAX_LINE + 10)
+    assert logread._soft_cut(data, 0) == logread.MAX_LINE
+    spaced = b"y" * (logread.MAX_LINE - 100) + b" " + b"z" * 200
+    assert logread._soft_cut(spaced, 0) == logread.MAX_LINE - 99
+
+
 # -- planted secrets never reach any format --------------------------------------------------
 ERR = "(APIServer pid=7) ERROR 11-29 15:14:25 [api_server.py:1]"
 

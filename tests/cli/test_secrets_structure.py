@@ -64,6 +64,8 @@ def test_analyze_json_masks_cut_evidence(tmp_path: Path) -> None:
         "--api-key k3J9sQ-first VLLM_API_KEY='k3J9sQ-second'",
         '--api-key k3J9sQ-first HF_TOKEN="k3J9sQ-second"',
         "--api-key k3J9sQ-first OPENAI_API_KEY=k3J9sQ-second --port 8000",
+        "token=x --api-key k3J9sQ-first (VLLM_API_KEY='k3J9sQ-second'",
+        "--api-key k3J9sQ-first :|= {HF_TOKEN='k3J9sQ-second'",
     ],
 )
 def test_assignment_after_multi_valued_api_key_is_masked(line: str) -> None:

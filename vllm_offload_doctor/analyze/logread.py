@@ -453,6 +453,18 @@ def _read_chunks(stream: BinaryIO) -> Iterator[bytes]:
         yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+SOFT_CUT = 4096  # how far back a forced cut looks for a blank
+
+
+def _soft_cut(data: bytes, pos: int) -> int:
+    """Where a line longer than MAX_LINE is cut: after the last blank of its last SOFT_CUT
+    bytes, so a `token=value` is not split into halves that no longer look like a secret
+    (masking runs on each piece); at MAX_LINE when there is none."""
+    end = pos + MAX_LINE
+    blank = max(data.rfind(b" ", end - SOFT_CUT, end), data.rfind(b"\t", end - SOFT_CUT, end))
+    return blank + 1 if blank >= 0 else end
+
+
 def _bound_lines(data: bytes) -> bytes:
     """Break every line of `data` longer than MAX_LINE (a few rfind calls per block)."""
     if len(data) <= MAX_LINE:
@@ -464,7 +476,7 @@ def _bound_lines(data: bytes) -> bytes:
         if nl >= 0:
             pos = nl + 1
             continue
-        pos += MAX_LINE
+        pos = _soft_cut(data, pos)
         pieces += (data[start:pos], b"\n")
         start = pos
     if not pieces:
@@ -497,8 +509,9 @@ def iter_blocks(stream: BinaryIO) -> Iterator[bytes]:
             carry = chunk[cut:]
         while len(carry) >= MAX_LINE:
             # No newline for a long stretch: a pasted log with its line breaks lost, or junk.
-            yield carry[:MAX_LINE] + b"\n"
-            carry = carry[MAX_LINE:]
+            cut = _soft_cut(carry, 0)
+            yield carry[:cut] + b"\n"
+            carry = carry[cut:]
     if carry:
         yield carry + b"\n"
 
