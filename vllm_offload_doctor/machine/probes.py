@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from vllm_offload_doctor.machine.early import take_nvml
 from vllm_offload_doctor.machine.modelsize import ModelSize, inspect_model
 from vllm_offload_doctor.machine.ports import PortState, probe_port
+from vllm_offload_doctor.machine.procstatus import parse_status
 
 INTERPRETER_TIMEOUT_S = 10.0
 # Above this a cgroup "limit" means "no limit" (v1 reports 2**63 rounded to the page size).
@@ -354,14 +355,10 @@ def read_meminfo(root: Path) -> tuple[int, int, int, int] | None:
     text = _read_text(root / "proc/meminfo")
     if text is None:
         return None
-    kib: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and fields[1].isdigit():
-            kib[fields[0]] = int(fields[1])
+    kib = parse_status(text)  # the same `NAME: N kB` lines as /proc/PID/status
     try:
-        total, available = kib["MemTotal:"] * 1024, kib["MemAvailable:"] * 1024
-        swap_total, swap_free = kib["SwapTotal:"] * 1024, kib["SwapFree:"] * 1024
+        total, available = kib["MemTotal"] * 1024, kib["MemAvailable"] * 1024
+        swap_total, swap_free = kib["SwapTotal"] * 1024, kib["SwapFree"] * 1024
     except KeyError:
         return None
     if not 0 < available <= total:

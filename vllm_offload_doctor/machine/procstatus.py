@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def parse_status(text: str) -> dict[str, int]:
-    """The `NAME: N kB` lines of /proc/PID/status."""
+    """The `NAME: N kB` lines of /proc/PID/status (and of /proc/meminfo, the same format)."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         name, _, rest = line.partition(":")
