@@ -163,6 +163,27 @@ def prefilter_ere() -> tuple[str, int]:
     return "|".join(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", w) for w in words), len(words)
 
 
+def built(build, log: Path, size_mb: int, corpus: Path) -> int:
+    """`build(log, size_mb, corpus)`, its time on stderr; returns the log's size."""
+    t0 = time.perf_counter()
+    size = build(log, size_mb, corpus)
+    print(f"built {log} ({size / MB:.0f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return size
+
+
+def grep_words(log: Path, workdir: Path) -> tuple[float, str, int, int]:
+    """The baseline: `grep -F -c -f WORDS log`, WORDS the engine's prefilter words, the log in the
+    page cache first. (wall seconds, stdout, return code, word count)."""
+    from vllm_offload_doctor.analyze.engine import Engine
+
+    words = [w for w, _ in Engine().prefilter_words()]
+    words_file = workdir / "words.txt"
+    words_file.write_text("\n".join(words) + "\n", encoding="utf-8")
+    subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
+    wall, _rss, out, rc = timed(["grep", "-F", "-c", "-f", str(words_file), str(log)])
+    return wall, out, rc, len(words)
+
+
 def timed(cmd: list[str]) -> tuple[float, int, str, int]:
     """Wall seconds, peak RSS (KiB), stdout, return code of one command."""
     time_bin = shutil.which("time") or (
@@ -223,11 +244,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-analyze-", dir=args.dir))
     log = workdir / "big-serving.log"
     try:
-        t0 = time.perf_counter()
-        size = build_log(log, args.size_mb, args.corpus)
-        print(
-            f"built {log} ({size / MB:.0f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr
-        )
+        size = built(build_log, log, args.size_mb, args.corpus)
 
         # Warm the page cache so neither side pays for the disk.
         subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)

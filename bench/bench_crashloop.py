@@ -19,15 +19,22 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from bench_analyze import DEFAULT_CORPUS, MB, OOM_TAIL, doctor_cmd, print_rows, timed  # noqa: E402
+from bench_analyze import (  # noqa: E402
+    DEFAULT_CORPUS,
+    MB,
+    OOM_TAIL,
+    built,
+    doctor_cmd,
+    grep_words,
+    print_rows,
+    timed,
+)
 
 MIB = 2**20
 _PID = re.compile(r"pid=(\d+)")
@@ -84,24 +91,11 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
 
-    from vllm_offload_doctor.analyze.engine import Engine
-
     workdir = Path(tempfile.mkdtemp(prefix="bench-crashloop-", dir=args.dir))
     log = workdir / "crashloop.log"
-    words_file = workdir / "words.txt"
     try:
-        t0 = time.perf_counter()
-        size = build_log(log, args.size_mb, args.corpus)
-        print(
-            f"built {log} ({size / MB:.0f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr
-        )
-        words = [w for w, _ in Engine().prefilter_words()]
-        words_file.write_text("\n".join(words) + "\n", encoding="utf-8")
-        subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
-
-        grep_wall, _rss, grep_out, grep_rc = timed(
-            ["grep", "-F", "-c", "-f", str(words_file), str(log)]
-        )
+        size = built(build_log, log, args.size_mb, args.corpus)
+        grep_wall, grep_out, grep_rc, n_words = grep_words(log, workdir)
         if grep_rc not in (0, 1):
             print(f"grep failed (rc {grep_rc})", file=sys.stderr)
         an_wall, an_rss, an_out, an_rc = timed(
@@ -119,7 +113,7 @@ def main() -> int:
             (
                 "grep -F -c (prefilter words)",
                 f"{grep_wall:.2f} s, {grep_mbs:.0f} MB/s",
-                f"{grep_out.strip()} matching lines, {len(words)} words",
+                f"{grep_out.strip()} matching lines, {n_words} words",
             ),
             (
                 "analyze --format json",

@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from bench_analyze import DEFAULT_CORPUS, MB, doctor_cmd, print_rows, timed  # noqa: E402
+from bench_analyze import (  # noqa: E402
+    DEFAULT_CORPUS,
+    MB,
+    built,
+    doctor_cmd,
+    grep_words,
+    print_rows,
+    timed,
+)
 
 MIB = 2**20
 
@@ -50,21 +56,11 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     args = ap.parse_args()
 
-    from vllm_offload_doctor.analyze.engine import Engine
-
     workdir = Path(tempfile.mkdtemp(prefix="bench-dense-"))
     log = workdir / "dense.log"
-    words_file = workdir / "words.txt"
     try:
-        t0 = time.perf_counter()
-        size = build_log(log, args.size_mb, args.corpus)
-        print(
-            f"built {log} ({size / MB:.0f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr
-        )
-        words = [w for w, _ in Engine().prefilter_words()]
-        words_file.write_text("\n".join(words) + "\n", encoding="utf-8")
-        subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
-        g_wall, _, g_out, _ = timed(["grep", "-F", "-c", "-f", str(words_file), str(log)])
+        size = built(build_log, log, args.size_mb, args.corpus)
+        g_wall, g_out, _, n_words = grep_words(log, workdir)
         a_wall, a_rss, _, a_rc = timed([*doctor_cmd(), "analyze", "--format", "json", str(log)])
         a_mbs, g_mbs = size / MB / a_wall, size / MB / g_wall
         ratio = a_mbs / g_mbs
@@ -75,7 +71,7 @@ def main() -> int:
                 (
                     "grep -F -c (prefilter words)",
                     f"{g_wall:.2f} s, {g_mbs:.0f} MB/s",
-                    f"{int(g_out.strip()):,} matching lines, {len(words)} words",
+                    f"{int(g_out.strip()):,} matching lines, {n_words} words",
                 ),
                 ("analyze --format json", f"{a_wall:.2f} s, {a_mbs:.1f} MB/s", f"rc {a_rc}"),
                 (
