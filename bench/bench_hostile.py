@@ -203,20 +203,8 @@ def analyze_worst(size: int, limit_s: float, shapes_of: Iterable[tuple[str, str]
             line = dict(shapes(word, size))[shape]
             path = Path(tmp) / "line.log"
             path.write_text(line + "\n", encoding="utf-8")
-            code = (
-                "import sys, time; from pathlib import Path\n"
-                "try:\n    from vllm_offload_doctor.analyze import engine as analyze\n"
-                "except ImportError:\n    from vllm_offload_doctor import analyze\n"
-                "e = analyze.Engine(); t = time.perf_counter(); e.analyze_file(Path(sys.argv[1])); "
-                "print(time.perf_counter() - t)"
-            )
-            try:
-                proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                                      text=True, timeout=limit_s, check=True, env=os.environ.copy())  # fmt: skip
-                dt = float(proc.stdout.split()[-1])
-                rows.append((f"{shape} ({word!r})", dt / (path.stat().st_size / MB), False))
-            except subprocess.TimeoutExpired:
-                rows.append((f"{shape} ({word!r})", limit_s / (path.stat().st_size / MB), True))
+            dt, hung = _timed_analyze(path, limit_s)
+            rows.append((f"{shape} ({word!r})", dt / (path.stat().st_size / MB), hung))
     return rows
 
 
@@ -244,7 +232,8 @@ def _timed_analyze(path: Path, limit_s: float) -> tuple[float, bool]:
     """Seconds `Engine.analyze_file(path)` takes (start-up excluded), or the limit if it hangs."""
     code = (
         "import sys, time; from pathlib import Path\n"
-        "from vllm_offload_doctor.analyze import engine as analyze\n"
+        "try:\n    from vllm_offload_doctor.analyze import engine as analyze\n"
+        "except ImportError:\n    from vllm_offload_doctor import analyze\n"  # an older tree
         "e = analyze.Engine(); t = time.perf_counter(); e.analyze_file(Path(sys.argv[1])); "
         "print(time.perf_counter() - t)"
     )
