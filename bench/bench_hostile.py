@@ -78,6 +78,13 @@ def _compiled(value: Any) -> bool:
     return hasattr(value, "pattern") and hasattr(value, "search")
 
 
+def _search(p: Any) -> Callable[[str], Any]:
+    """`p.search` on a line; a bytes pattern (the engine's block scans) is given the line's bytes."""
+    if isinstance(getattr(p, "pattern", None), bytes):
+        return lambda t: p.search(t.encode())
+    return p.search  # type: ignore[no-any-return]
+
+
 def _module(name: str) -> Any:
     """A module of the code under test, wherever its layout keeps it."""
     for package in (
@@ -128,7 +135,7 @@ def families() -> dict[str, list[tuple[str, Callable[[str], Any], tuple[str, ...
     facts_mod = _module("facts")
     fact_list = []
     for name, p in _module_patterns(facts_mod, seen) + _module_patterns(analyze, seen):
-        fact_list.append((name, p.search, _words_of(p)))
+        fact_list.append((name, _search(p), _words_of(p)))
 
     def collector(t: str) -> None:
         c = facts_mod.FactCollector()
@@ -148,7 +155,7 @@ def families() -> dict[str, list[tuple[str, Callable[[str], Any], tuple[str, ...
         except ImportError:
             continue
         for name, p in _module_patterns(mod, seen):
-            other.append((name, p.search, _words_of(p)))
+            other.append((name, _search(p), _words_of(p)))
     know = getattr(engine, "knowledge", None)
     if know is not None:
         for attr in ("wrappers", "deaths", "call_pattern"):  # as verdict.Clues calls them
