@@ -284,9 +284,14 @@ def test_markdown_hides_secrets_user_and_host_names(
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_python("-m", "vllm_offload_doctor", *args)
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess[str]:
+    """This interpreter on `args`, the checkout first on its path."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "vllm_offload_doctor", *args],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -316,15 +321,7 @@ def test_check_never_imports_torch_vllm_or_httpx() -> None:
         "from vllm_offload_doctor.cli import main\n"
         "main(['check', '--format', 'json'])\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    proc = run_python("-c", code)
     assert "HEAVY []" in proc.stderr
 
 
@@ -333,15 +330,7 @@ def test_cli_import_stays_light() -> None:
         "import sys, vllm_offload_doctor.cli\n"
         "print(sorted(m for m in ('pynvml', 'psutil', 'packaging') if m in sys.modules))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    proc = run_python("-c", code)
     assert proc.stdout.strip() == "[]", proc.stderr
 
 
