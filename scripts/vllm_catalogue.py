@@ -174,6 +174,10 @@ class Entry:
     line: int = 0
 
 
+# How `fetch` gets the sources, as the generated files say.
+SOURCE = "vllm wheels from PyPI (pip download vllm==X --no-deps), read as text"
+
+
 @functools.cache
 def _glob(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"(\*\*|\*)", pattern)
@@ -265,7 +269,7 @@ def document(entries: Sequence[Entry], versions: Sequence[str]) -> dict[str, obj
     return {
         "format": FORMAT,
         "generated_by": "scripts/vllm_catalogue.py",
-        "source": "vllm wheels from PyPI (pip download vllm==X --no-deps), read as text",
+        "source": SOURCE,
         "versions": ordered,
         "modules": list(MODULES),
         "line": "line of the raise/assert/logger call at the last version",

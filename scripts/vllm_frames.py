@@ -34,7 +34,7 @@ from typing import Any
 
 from message_templates import extract
 from packaging.version import Version
-from vllm_catalogue import VERSIONS, _glob, fetch
+from vllm_catalogue import SOURCE, VERSIONS, _glob, fetch
 
 ROOT = Path(__file__).resolve().parent.parent
 MAP = ROOT / "rules" / "maps" / "subsystems.toml"
@@ -213,7 +213,7 @@ def document(
     return {
         "format": FORMAT,
         "generated_by": "scripts/vllm_frames.py from rules/maps/subsystems.toml",
-        "source": "vllm wheels from PyPI (pip download vllm==X --no-deps), read as text",
+        "source": SOURCE,
         "versions": versions,
         "function": "[name, file, line at the last release, first release, last release]",
         "subsystems": out,
