@@ -261,15 +261,15 @@ def _digit_finders(
     if not digit_words:
         return (lambda data: []), (lambda data: [])
     hits = literal_matcher(digit_words)
+
+    def at(data: bytes) -> list[int]:
+        return [m.start() for m in hits.finditer(data)]
+
+    if any(len(w) > runs.NEAR for w, _ in digit_words):  # Echo looks only this far around a digit
+        return at, (lambda data: list(range(0, len(data), runs.NEAR)))
     zero = str.maketrans("0123456789", "0000000000")
     near = literal_matcher([(w.translate(zero), i) for w, i in digit_words])
-    if any(len(w) > runs.NEAR for w, _ in digit_words):  # Echo looks only this far around a digit
-        return (lambda data: [m.start() for m in hits.finditer(data)]), (
-            lambda data: list(range(0, len(data), runs.NEAR))
-        )
-    return (lambda data: [m.start() for m in hits.finditer(data)]), (
-        lambda data: [m.start() for m in near.finditer(data)]
-    )
+    return at, (lambda data: [m.start() for m in near.finditer(data)])
 
 
 class _State:
