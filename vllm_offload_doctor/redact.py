@@ -265,7 +265,7 @@ def _multi(m: Any) -> str:
         cut = a.start(1)
         break
     if cut is None:
-        return str(m.group(1)) + (value if _harmless(value) else MASK)
+        return _prefixed(m)
     head = value[:cut].rstrip(" \t([{,;:|")
     rest = value[len(head) :]
     return str(m.group(1)) + (head if _harmless(head) else MASK) + rest

@@ -4,15 +4,14 @@ gives places a failure in its subsystem's category (issue 15.2)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from vllm_offload_doctor.analyze.engine import analyze_lines
 from vllm_offload_doctor.analyze.knowledge import builtin_knowledge, derived_path
@@ -33,15 +32,7 @@ DERIVING = {
 
 
 def _script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(
-        "vllm_frames", ROOT / "scripts" / "vllm_frames.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("vllm_frames")
 
 
 def _frame(file: str, name: str, line: int = 10) -> list[str]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from script_loader import load_script
 
 from vllm_offload_doctor.analyze.engine import analyze_lines
 from vllm_offload_doctor.analyze.stack import builtin_stack
@@ -19,14 +18,7 @@ SHIPPED = ROOT / "vllm_offload_doctor" / "data" / "stack-messages.json"
 
 
 def _script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(
-        "stack_catalogue", ROOT / "scripts" / "stack_catalogue.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("stack_catalogue")
 
 
 def test_cuda_enum_parsed_from_header_excerpt():

@@ -81,8 +81,10 @@ class Engine:
         self.knowledge = builtin_knowledge()
         base = list(rules) if rules is not None else load_rules(extra_rule_dirs)
         self.rules = lend_exceptions(base, self.knowledge)
-        self._prefilter = literal_matcher(self.prefilter_words())
-        self._prefilter_served = literal_matcher(self.prefilter_words(served=True))
+        self._words = self.prefilter_words()
+        self._words_served = self.prefilter_words(served=True)
+        self._prefilter = literal_matcher(self._words)
+        self._prefilter_served = literal_matcher(self._words_served)
         self._find, self._find_served = (
             span_finder(self._prefilter),
             span_finder(self._prefilter_served),
@@ -91,7 +93,7 @@ class Engine:
         # line engine alone, the reference the tests hold them to.
         self.fast = os.environ.get("OFFLOAD_DOCTOR_PURE", "") in ("", "0")
         self._scanners: tuple[Any, ...] | None = None  # Hyperscan's, once a big block came
-        self._digit_hits, self._digit_near = _digit_finders(self.prefilter_words())
+        self._digit_hits, self._digit_near = _digit_finders(self._words)
 
     def prefilter_words(self, *, served: bool = False) -> list[tuple[str, bool]]:
         """(word, ignore case): the declared fact words, the knowledge's and the rules' keywords."""
@@ -167,8 +169,8 @@ class Engine:
         if not self.fast or len(block) < HYPERSCAN_BLOCK:
             return self._find, self._find_served
         if self._scanners is None:
-            words = self.prefilter_words()
-            served = set(self.prefilter_words(served=True))
+            words = self._words
+            served = set(self._words_served)
             scan_all = block_scanner(words)
             scan_served = block_scanner(sorted(served, key=lambda wi: (-len(wi[0]), wi)))
             wanted = [wi in served for wi in words]
@@ -259,15 +261,15 @@ def _digit_finders(
     if not digit_words:
         return (lambda data: []), (lambda data: [])
     hits = literal_matcher(digit_words)
+
+    def at(data: bytes) -> list[int]:
+        return [m.start() for m in hits.finditer(data)]
+
+    if any(len(w) > runs.NEAR for w, _ in digit_words):  # Echo looks only this far around a digit
+        return at, (lambda data: list(range(0, len(data), runs.NEAR)))
     zero = str.maketrans("0123456789", "0000000000")
     near = literal_matcher([(w.translate(zero), i) for w, i in digit_words])
-    if any(len(w) > runs.NEAR for w, _ in digit_words):  # Echo looks only this far around a digit
-        return (lambda data: [m.start() for m in hits.finditer(data)]), (
-            lambda data: list(range(0, len(data), runs.NEAR))
-        )
-    return (lambda data: [m.start() for m in hits.finditer(data)]), (
-        lambda data: [m.start() for m in near.finditer(data)]
-    )
+    return at, (lambda data: [m.start() for m in near.finditer(data)])
 
 
 class _State:

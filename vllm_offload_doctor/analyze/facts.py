@@ -26,8 +26,6 @@ from vllm_offload_doctor.analyze.patterns import (
 )
 from vllm_offload_doctor.redact import scrub_cut
 
-_FIRST = len(declared())  # the patterns declared below are this module's facts
-
 _VERSION = (
     declare(r"^vLLM (?:API )?server version (?P<v>v?\d+\.\d+[\w.+-]*)", "version"),
     declare(r"(?<!\s)\s{2,}+version\s++(?P<v>\d+\.\d+\.\d+[\w.+-]*+)\s*$", "version"),
