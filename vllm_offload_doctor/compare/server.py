@@ -41,7 +41,7 @@ from types import FrameType
 from typing import IO, Any
 
 from vllm_offload_doctor.errors import PortInUseError
-from vllm_offload_doctor.machine.ports import PortState, listening_pids, probe_port
+from vllm_offload_doctor.machine.ports import PortState, listening_pids, port_free, probe_port
 
 RUN_TAG = "OFFLOAD_DOCTOR_RUN"
 POLL_S = 0.25
@@ -546,7 +546,7 @@ class ServerProcess:
         import psutil
 
         try:
-            if probe_port(self.host, self.port).free:
+            if port_free(self.host, self.port):
                 return [], []
         except OSError:
             return [], []
@@ -620,7 +620,7 @@ class ServerProcess:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                if probe_port(self.host, self.port).free:
+                if port_free(self.host, self.port):
                     return True
             except OSError:
                 return False

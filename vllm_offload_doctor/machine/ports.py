@@ -26,6 +26,14 @@ class PortState:
 
 def probe_port(host: str, port: int) -> PortState:
     """Try to bind the port the way a server would; name the holder when it is taken."""
+    if port_free(host, port):
+        return PortState(host, port, True)
+    pid, name = _holder(port)
+    return PortState(host, port, False, pid, name)
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind the port now (OSError for a failure other than "taken")."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         # Servers set SO_REUSEADDR, so lingering TIME_WAIT sockets do not make a port "taken".
@@ -35,9 +43,8 @@ def probe_port(host: str, port: int) -> PortState:
         except OSError as exc:
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise
-            pid, name = _holder(port)
-            return PortState(host, port, False, pid, name)
-    return PortState(host, port, True)
+            return False
+    return True
 
 
 def _holder(port: int) -> tuple[int | None, str | None]:
