@@ -203,6 +203,8 @@ class ServerProcess:
         max_log_bytes: int = MAX_LOG_BYTES,
         cgroup: bool = True,
     ) -> None:
+        from vllm_offload_doctor.compare.measure import auth_headers
+
         self.argv = argv
         self.log_path = log_path
         self.host = host
@@ -214,7 +216,7 @@ class ServerProcess:
         self.grace_s = grace_s
         self.term_s = term_s
         self.port_wait_s = port_wait_s
-        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = auth_headers(api_key)
         self.sent_key = bool(api_key)
         self.guard = guard and sys.platform.startswith("linux")
         self.use_cgroup = cgroup
