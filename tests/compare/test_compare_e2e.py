@@ -16,18 +16,13 @@ from typing import Any
 
 import psutil
 import pytest
+from server_procs import free_port
 
 pytest.importorskip("vllm_offload_doctor.analyze.engine")
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fake-vllm"
 MARKER = "FAKE_VLLM_TEST_MARKER"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def marked(marker: str) -> list[psutil.Process]:
@@ -270,17 +265,21 @@ def _start_interruptible(tmp_path: Path, marker: str) -> tuple[subprocess.Popen[
         stderr=subprocess.PIPE,
         text=True,
     )
-    # Wait until the second (hanging) server is up with its EngineCore child. (The mode log is
-    # saved scrubbed only when the mode ends, so watch the report and the processes.)
-    deadline = time.monotonic() + 90  # generous: the suite may run on a loaded machine
-    while time.monotonic() < deadline:
-        if _offload_mode_started(out) and any(_is_engine(p) for p in marked(marker)):
-            break
-        time.sleep(0.1)
-    else:
+    if not offload_server_up(out, marker):
         reap(proc)
         pytest.fail("the offload-mode server never started")
     return proc, out
+
+
+def offload_server_up(out: Path, marker: str) -> bool:
+    """Wait until the second (hanging) server is up with its EngineCore child. (The mode log is
+    saved scrubbed only when the mode ends, so watch the report and the processes.)"""
+    deadline = time.monotonic() + 90  # generous: the suite may run on a loaded machine
+    while time.monotonic() < deadline:
+        if _offload_mode_started(out) and any(_is_engine(p) for p in marked(marker)):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def reap(proc: subprocess.Popen[str]) -> None:

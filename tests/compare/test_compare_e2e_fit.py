@@ -19,12 +19,11 @@ from planted_secrets import SECRETS as PLANTED
 from test_compare_e2e import (
     _argv,
     _env,
-    _is_engine,
-    _offload_mode_started,
     free_port,
     kill_marked,
     marked,
     mode,
+    offload_server_up,
     run_compare,
 )
 
@@ -427,12 +426,7 @@ def test_sigkill_of_the_doctor_takes_the_server_down(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if _offload_mode_started(out) and any(_is_engine(p) for p in marked(marker)):
-                break
-            time.sleep(0.1)
-        else:
+        if not offload_server_up(out, marker):
             pytest.fail("the offload-mode server never started")
         server_pid = mode(json.loads((out / "report.json").read_text()), "0.5")["pid"]
         proc.send_signal(signal.SIGKILL)
@@ -465,12 +459,7 @@ def test_sigkill_of_the_doctor_leaves_each_started_modes_log_scrubbed(tmp_path: 
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if _offload_mode_started(out) and any(_is_engine(p) for p in marked(marker)):
-                break
-            time.sleep(0.1)
-        else:
+        if not offload_server_up(out, marker):
             pytest.fail("the offload-mode server never started")
         time.sleep(1.5)  # the mirror copies every half second
         proc.send_signal(signal.SIGKILL)

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from server_procs import alive, escapees
 
 from tests.compare.test_compare_e2e import _argv, _env, free_port, kill_marked, marked, reap
 from vllm_offload_doctor.compare.server import CGROUP_PREFIX, own_cgroup_dir
@@ -24,21 +25,6 @@ pytest.importorskip("vllm_offload_doctor.analyze.engine")
 
 if sys.platform != "linux":  # pragma: no cover - the guard's death signal is Linux-only
     pytest.skip("Linux only", allow_module_level=True)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def escapees(pidfile: Path) -> list[int]:
-    try:
-        return [int(x) for x in pidfile.read_text().split()]
-    except OSError:
-        return []
 
 
 def gone_within(pids: list[int], seconds: float) -> list[int]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
+from server_procs import free_port
 
 from vllm_offload_doctor.compare.config import CompareConfig
 from vllm_offload_doctor.compare.hostmem import (
@@ -25,12 +25,6 @@ from vllm_offload_doctor.compare.render import render_markdown, render_text, rep
 from vllm_offload_doctor.compare.run import CompareRun
 
 FAKE = Path(__file__).resolve().parents[1] / "fake-vllm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FallingProbe:

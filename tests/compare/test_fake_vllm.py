@@ -6,7 +6,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from server_procs import free_port
 
 FAKE = Path(__file__).resolve().parents[1] / "fake-vllm"
 PREFIX = re.compile(r"^\((APIServer|EngineCore|Worker_TP\d) pid=(\d+)\) ")
@@ -35,12 +35,6 @@ def _reap_servers() -> object:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(

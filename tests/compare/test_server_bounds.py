@@ -5,7 +5,6 @@ bytes and ends at --request-timeout; a server that floods its log has the log cu
 from __future__ import annotations
 
 import contextlib
-import socket
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from server_procs import free_port
 
 from vllm_offload_doctor.compare import measure
 from vllm_offload_doctor.compare.measure import chat_request, fetch_info
@@ -157,17 +157,11 @@ def test_a_compressed_answer_is_refused(stub: Callable[..., str]) -> None:
     assert not res.ok and "compressed" in (res.error or "")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_server_flooding_its_log_is_cut_and_named(tmp_path: Path) -> None:
     log = tmp_path / "raw" / "server.log"
     flood = "import sys\nline = 'x' * 4095 + '\\n'\nwhile True:\n    sys.stdout.write(line)\n"
     srv = ServerProcess(
-        [sys.executable, "-c", flood], log_path=log, host="127.0.0.1", port=_free_port(),
+        [sys.executable, "-c", flood], log_path=log, host="127.0.0.1", port=free_port(),
         served_model="m", guard=False, max_log_bytes=8 << 20,
     )  # fmt: skip
     srv.start()
@@ -204,7 +198,7 @@ def test_host_reachable_from_the_network_is_warned_and_recorded(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": str(repo), "FAKE_VLLM_SCENARIO": "effective"}
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_offload_doctor", "compare", "--vllm-cmd",
-         str(repo / "tests" / "fake-vllm"), "--host", "0.0.0.0", "--port", str(_free_port()),
+         str(repo / "tests" / "fake-vllm"), "--host", "0.0.0.0", "--port", str(free_port()),
          "--repeats", "1", "--warmup", "0", "--grace", "3", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip

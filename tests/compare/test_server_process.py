@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import textwrap
 import time
@@ -11,17 +10,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from server_procs import free_port
 
 from vllm_offload_doctor.compare.server import RUN_TAG, ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fake-vllm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tagged(tag: str) -> list[int]:

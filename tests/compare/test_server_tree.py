@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from server_procs import alive, escapees, free_port
 
 from vllm_offload_doctor.compare import server
 from vllm_offload_doctor.compare.server import Cgroup, PortTaken, ServerProcess
@@ -28,27 +29,6 @@ if sys.platform != "linux":  # pragma: no cover - subreaper, /proc/net/tcp and c
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fake-vllm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def escapees(pidfile: Path) -> list[int]:
-    try:
-        return [int(x) for x in pidfile.read_text().split()]
-    except OSError:
-        return []
 
 
 def kill_all(pids: list[int]) -> None:

@@ -524,13 +524,14 @@ def measure(
     names = process_names(pids)
     gpu = gpu_snapshot(pids)
     rss = host_rss(pids)
-    info = fetch_info(srv.base_url(), headers=auth_headers(api_key))
+    headers = auth_headers(api_key)
+    info = fetch_info(srv.base_url(), headers=headers)
     url = f"{srv.base_url()}/v1/chat/completions"
     body = cfg.request_body()
     expect = cfg.expected_answers
     warm: list[RequestResult] = []
     measured: list[RequestResult] = []
-    with httpx.Client(trust_env=False, headers=auth_headers(api_key)) as client:
+    with httpx.Client(trust_env=False, headers=headers) as client:
         for n, results in ((cfg.warmup, warm), (cfg.repeats, measured)):
             for k in range(1, n + 1):
                 if on_request:

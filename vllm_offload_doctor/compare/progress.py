@@ -69,15 +69,7 @@ class Progress:
         self.last_len = 0
 
     def update(self, elapsed_s: float, phase: str) -> None:
-        text = f"[{self.label}] {elapsed_s:6.1f} s  {phase}"
-        if self.tty:
-            pad = " " * max(0, self.last_len - len(text))
-            self.stream.write(f"\r{text}{pad}")
-            self.last_len = len(text)
-            self.stream.flush()
-        elif phase != self.last_phase:
-            self.stream.write(text + "\n")
-            self.stream.flush()
+        self.rewrite(f"{elapsed_s:6.1f} s  {phase}", final=phase != self.last_phase)
         self.last_phase = phase
 
     def rewrite(self, message: str, *, final: bool) -> None:

@@ -41,7 +41,7 @@ from types import FrameType
 from typing import IO, Any
 
 from vllm_offload_doctor.errors import PortInUseError
-from vllm_offload_doctor.machine.ports import PortState, listening_pids, probe_port
+from vllm_offload_doctor.machine.ports import PortState, listening_pids, port_free, probe_port
 
 RUN_TAG = "OFFLOAD_DOCTOR_RUN"
 POLL_S = 0.25
@@ -203,6 +203,8 @@ class ServerProcess:
         max_log_bytes: int = MAX_LOG_BYTES,
         cgroup: bool = True,
     ) -> None:
+        from vllm_offload_doctor.compare.measure import auth_headers
+
         self.argv = argv
         self.log_path = log_path
         self.host = host
@@ -214,7 +216,7 @@ class ServerProcess:
         self.grace_s = grace_s
         self.term_s = term_s
         self.port_wait_s = port_wait_s
-        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = auth_headers(api_key)
         self.sent_key = bool(api_key)
         self.guard = guard and sys.platform.startswith("linux")
         self.use_cgroup = cgroup
@@ -546,7 +548,7 @@ class ServerProcess:
         import psutil
 
         try:
-            if probe_port(self.host, self.port).free:
+            if port_free(self.host, self.port):
                 return [], []
         except OSError:
             return [], []
@@ -620,7 +622,7 @@ class ServerProcess:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                if probe_port(self.host, self.port).free:
+                if port_free(self.host, self.port):
                     return True
             except OSError:
                 return False

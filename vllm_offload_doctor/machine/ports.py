@@ -6,6 +6,7 @@ import errno
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,14 @@ class PortState:
 
 def probe_port(host: str, port: int) -> PortState:
     """Try to bind the port the way a server would; name the holder when it is taken."""
+    if port_free(host, port):
+        return PortState(host, port, True)
+    pid, name = _holder(port)
+    return PortState(host, port, False, pid, name)
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind the port now (OSError for a failure other than "taken")."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         # Servers set SO_REUSEADDR, so lingering TIME_WAIT sockets do not make a port "taken".
@@ -34,26 +43,34 @@ def probe_port(host: str, port: int) -> PortState:
         except OSError as exc:
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise
-            pid, name = _holder(port)
-            return PortState(host, port, False, pid, name)
-    return PortState(host, port, True)
+            return False
+    return True
 
 
 def _holder(port: int) -> tuple[int | None, str | None]:
     try:
         import psutil
 
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
-                if conn.pid is None:
-                    return None, None
-                try:
-                    return conn.pid, psutil.Process(conn.pid).name()
-                except psutil.Error:
-                    return conn.pid, None
+        first = next(iter(_listeners(port)), None)
+        if first is None or first.pid is None:
+            return None, None
+        try:
+            return first.pid, psutil.Process(first.pid).name()
+        except psutil.Error:
+            return first.pid, None
     except Exception:  # psutil may be denied the connection table; the answer is still "taken"
         return None, None
-    return None, None
+
+
+def _listeners(port: int) -> list[Any]:
+    """psutil's listening TCP sockets on `port`, in its order (raises where it is denied)."""
+    import psutil
+
+    return [
+        c
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    ]
 
 
 def listening_pids(port: int) -> set[int]:
@@ -103,15 +120,6 @@ def listening_pids(port: int) -> set[int]:
 
 def _listening_pids_psutil(port: int) -> set[int]:
     try:
-        import psutil
-
-        return {
-            c.pid
-            for c in psutil.net_connections(kind="tcp")
-            if c.pid is not None
-            and c.laddr
-            and c.laddr.port == port
-            and c.status == psutil.CONN_LISTEN
-        }
+        return {c.pid for c in _listeners(port) if c.pid is not None}
     except Exception:  # denied the connection table: nothing known
         return set()
