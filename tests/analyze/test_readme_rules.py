@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from script_loader import load_script
 
 from vllm_offload_doctor.analyze.rules import load_rules
 
@@ -17,15 +16,7 @@ SCRIPT = ROOT / "scripts" / "rule_table.py"
 README = ROOT / "README.md"
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rule_table", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-rule_table = _load_script()
+rule_table = load_script("rule_table")
 
 
 def test_readme_section_matches_generated_table() -> None:

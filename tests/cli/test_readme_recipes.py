@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import click
 import pytest
 from fake_probe import FakeProbe
+from script_loader import load_script
 
 from vllm_offload_doctor import checks
 from vllm_offload_doctor.checks import Options, Status, run_checks
@@ -90,21 +90,13 @@ def test_the_check_template_joins_the_report(monkeypatch: pytest.MonkeyPatch) ->
 # --- the commands, their outputs and exit codes ----------------------------------------------
 
 
-def _script(name: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_outputs_are_what_the_cli_prints() -> None:
     """Each sample output is regenerated (the CLI run, the H200 reports rendered) and compared."""
     from vllm_offload_doctor.inspect.procs import RealSource, find_servers
 
     if find_servers(RealSource()):
         pytest.skip("a `vllm serve` of this user runs here: inspect's sample would differ")
-    outputs = _script("readme_outputs")
+    outputs = load_script("readme_outputs")
     blocks = outputs.BLOCK.findall(README)
     kinds = {spec.split()[0] for _, spec, _, _ in blocks}
     assert kinds == {"run", "compare", "capture"}, kinds
