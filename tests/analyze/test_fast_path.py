@@ -222,3 +222,49 @@ def test_the_crafted_loops_catch_a_comparison_that_ignores_the_change(
 
     monkeypatch.setattr(runs.Echo, "rename", careless)
     assert _json(fast, path) != expected
+
+
+def _wrapping(text: str, restarts: int, pids: tuple[int, ...]) -> str:
+    """A crash loop whose container reuses pids: restart r adds pids[r % len(pids)], so the
+    starts change their pids' number of digits and come back to it."""
+    out = []
+    for r in range(restarts):
+        block = _PID.sub(lambda m, r=r: f"pid={int(m[1]) + pids[r % len(pids)]}", text)
+        block = _SECOND.sub(lambda m, r=r: f"{m[1]}:{(int(m[2]) + 7 * r) % 60:02d}", block)
+        out.append(block if block.endswith("\n") else block + "\n")
+    return "".join(out)
+
+
+def test_a_loop_whose_pids_change_their_digits_is_echoed_and_agrees(
+    engines: tuple[analyze.Engine, analyze.Engine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = OOM.read_text(encoding="utf-8")
+    low = min(int(p) for p in _PID.findall(text))
+    # 3-digit pids, then 4-digit ones, then 3 again: four shapes of a start and its successor's
+    # first line (3-3, 3-4, 4-4, 4-3), each met again every cycle.
+    shift = (100 - low, 103 - low, 1100 - low, 1103 - low)
+    echoed = _echoes(monkeypatch)
+    path = tmp_path / "loop.log"
+    path.write_text(_wrapping(text, 24, shift), encoding="utf-8")
+    out = json.loads(_agree(engines, path))
+    assert [r["starts"] for r in out["results"][0]["runs"]] == [24]
+    # Every start from the 6th on is echoed: each shape was kept the first time it was fed.
+    lines = text.count("\n")
+    assert set(echoed) >= {lines * k + 3 for k in range(6, 24)}
+
+
+def test_a_restart_that_straddles_two_blocks_is_echoed_and_agrees(
+    engines: tuple[analyze.Engine, analyze.Engine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_offload_doctor.analyze import logread
+
+    text = OOM.read_text(encoding="utf-8")
+    # Blocks of about 2.5 starts: most block ends cut a restart in two.
+    monkeypatch.setattr(logread, "BLOCK", len(text.encode()) * 5 // 2)
+    echoed = _echoes(monkeypatch)
+    path = tmp_path / "loop.log"
+    path.write_text(loop(text, 20), encoding="utf-8")
+    out = json.loads(_agree(engines, path))
+    assert [r["starts"] for r in out["results"][0]["runs"]] == [20]
+    lines = text.count("\n")
+    assert echoed == [lines * k + 3 for k in range(3, 20)]

@@ -57,6 +57,8 @@ _UNSEEN = object()
 _NUL_HOLE = re.compile("\0{16,}")
 HYPERSCAN_BLOCK = 1 << 20  # a block this big is scanned with Hyperscan, when installed
 INDEX_AFTER = 2000  # lines matched against the rules before their words are indexed (Hyperscan)
+ECHOES = 4  # echo starts kept (runs.Echo), the most recently used first
+CARRY_MAX = 8 << 20  # the longest start carried into the next block to be echoed
 
 
 @dataclass(slots=True)
@@ -133,6 +135,7 @@ class Engine:
         error: str | None = None
         line_base = 0
         first = True
+        carried = b""  # from a start's first line (fed) to the block's end: see _scan
         try:
             for block in logread.iter_blocks(stream):
                 if first:
@@ -142,7 +145,15 @@ class Engine:
                     # vLLM's level prefix on a line the prefilter skips still makes it vLLM's log.
                     if _LEVEL_PREFIX.search(block, 0, 1 << 16):
                         state.saw_level = True
-                line_base = self._scan_block(block, line_base, state)
+                if carried:
+                    block, carried = carried + block, b""
+                    line_base, cut = self._scan(block, line_base, state, resumed=True)
+                else:
+                    line_base, cut = self._scan_block(block, line_base, state)
+                if cut is not None:
+                    carried = block[cut:]
+            if carried:
+                line_base, _ = self._scan(carried, line_base, state, resumed=True, last=True)
         except logread.InputStopped as exc:
             error = str(exc)
         except logread.TruncatedInput as exc:
@@ -151,16 +162,17 @@ class Engine:
             raise InputError(f"{name}: empty file")
         return state.finish(name, lines_read=line_base, error=error)
 
-    def _scan_block(self, block: bytes, line_base: int, state: _State) -> int:
-        """Feed a block's interesting lines; returns the line count after it."""
+    def _scan_block(self, block: bytes, line_base: int, state: _State) -> tuple[int, int | None]:
+        """Feed a block's interesting lines; returns the line count after them and where the
+        scan stopped to be carried into the next block (see _scan), or None."""
         if b"\0" not in block:
             return self._scan(block, line_base, state)
         # A hole of NUL bytes: a second writer's lines follow (runs.py); each side is scanned.
         for i, part in enumerate(logread.NUL_HOLE.split(block)):
             if i:
                 state.hole(line_base + 1)
-            line_base = self._scan(part, line_base, state)
-        return line_base
+            line_base, _ = self._scan(part, line_base, state, last=True)
+        return line_base, None
 
     def _finders(self, block: bytes, state: _State) -> tuple[Any, Any]:
         """The prefilter's finds over a block (all words, the served ones): Hyperscan's for a big
@@ -183,7 +195,20 @@ class Engine:
         find_all, find_served = every(block, [None, keep])
         return find_all, find_served
 
-    def _scan(self, block: bytes, line_base: int, state: _State) -> int:
+    def _scan(
+        self,
+        block: bytes,
+        line_base: int,
+        state: _State,
+        *,
+        resumed: bool = False,
+        last: bool = False,
+    ) -> tuple[int, int | None]:
+        """Feed the block's interesting lines (lines line_base + 1 on); returns the line count
+        after them and None, or, where a start that an echo start may repeat runs past the
+        block's end, the count before its first line and that line's offset: the caller scans
+        from there again with the next block joined (`resumed`: its first line is fed already).
+        `last`: nothing follows."""
         # One search per interesting line: after a hit, resume at the next line (linear time).
         find_all, find_served = self._finders(block, state)
         feed = state.feed_raw
@@ -191,6 +216,13 @@ class Engine:
         counted_to = 0
         line_no = line_base
         size = len(block)
+        if resumed:
+            end = block.find(b"\n")
+            served = bool(state.collector.served_requests)
+            start, end, line_no = self._echo(block, 0, end, line_no, served, state)
+            counted_to, pos = start, end + 1
+            if start and not last and self._cut_short(state, served, size - start):
+                return line_no, start
         while pos < size:
             # The start's first served request drops the words it no longer needs (a serving
             # log's access and stats lines), from the next line on.
@@ -211,52 +243,76 @@ class Engine:
                     served = bool(state.collector.served_requests)
                     start, end, line_no = self._echo(block, start, end, line_no, served, state)
                     counted_to = start
+                    if not last and self._cut_short(state, served, size - start):
+                        return line_no, start
             else:
                 for part in split_long(raw):
                     feed(line_no + 1, part)
             pos = end + 1
-        return line_no + block.count(b"\n", counted_to)
+        return line_no + block.count(b"\n", counted_to), None
+
+    @staticmethod
+    def _cut_short(state: _State, served: bool, left: int) -> bool:
+        """Whether an echo start might repeat the start from here, were its bytes all in the block
+        (a crash loop's restart that straddles two blocks); a bounded carry only."""
+        return any(
+            was_served == served and left < ref.size <= CARRY_MAX
+            and (not ref.visible or state.runs.repeats(ref.sig))
+            for was_served, ref in state.echoes
+        )  # fmt: skip
 
     def _echo(
         self, block: bytes, start: int, end: int, line_no: int, served: bool, state: _State
     ) -> tuple[int, int, int]:
-        """At a start's first line (offsets start, end; line line_no + 1): skip the starts from here
-        that repeat the echo start (runs.Echo), else make the start that just ended the echo start.
+        """At a start's first line (offsets start, end; line line_no + 1): keep the start that just
+        ended as an echo start, then skip the starts from here that repeat one (runs.Echo).
         Returns the offsets and line index of the start's first line that is fed next."""
         mark = state.echo_mark
-        moved = False
-        for attempt in range(2):
-            if attempt:  # the start that just ended, fed in full, becomes the echo start
-                if moved or mark is None or mark[0] is not block or mark[1] != served:
-                    break
-                window = block[mark[2] : end + 1]
-                if not runs.Echo.fits(window):
-                    break
+        # The start that just ended, fed in full, becomes an echo start (kept with the others).
+        if mark is not None and mark[0] is block and mark[1] == served:
+            window = block[mark[2] : end + 1]
+            if runs.Echo.fits(window):
                 ref = runs.Echo(window, line_no + 1 - mark[3], state.closed,
                                 state.splitter.snapshot(), self._digit_near)  # fmt: skip
-                state.echo = (served, ref)
-            while state.echo is not None and state.echo[0] == served:
-                ref = state.echo[1]
-                if ref.visible and not state.runs.repeats(ref.sig):
-                    break  # only a start merged with the one before is skipped unjudged
-                rename = ref.rename(block, start, self._digit_hits)
-                if rename is None:
-                    break
-                start += ref.last_at
-                end = start + (ref.size - ref.last_at) - 1
-                line_no += ref.lines
-                state.echo_start(line_no + 1, ref, rename)
-                state.feed_started(line_no + 1, block[start:end].decode("utf-8", "replace"))
-                moved = True
+                state.echoes.insert(0, (served, ref))
+                del state.echoes[ECHOES:]
+        moved = False
+        while (found := self._echoed(block, start, served, state)) is not None:
+            ref, rename = found
+            start += ref.last_at
+            end = start + (ref.size - ref.last_at) - 1
+            line_no += ref.lines
+            state.echo_start(line_no + 1, ref, rename)
+            moved = True
+        if moved:  # the first line of the start that is not echoed (echo_start drops the others')
+            state.feed_started(line_no + 1, block[start:end].decode("utf-8", "replace"))
         state.echo_mark = (block, served, start, line_no + 1)
         return start, end, line_no
+
+    def _echoed(
+        self, block: bytes, at: int, served: bool, state: _State
+    ) -> tuple[runs.Echo, dict[str, str]] | None:
+        """The echo start the bytes from `at` repeat (the most recent first), with its renaming.
+
+        Several are kept: a crash loop whose pids gain a digit (999 -> 1000) prints starts of
+        another size, and the start of the old size comes back when the pids wrap around."""
+        for i, (was_served, ref) in enumerate(state.echoes):
+            if was_served != served or (ref.visible and not state.runs.repeats(ref.sig)):
+                continue  # only a start merged with the one before is skipped unjudged
+            rename = ref.rename(block, at, self._digit_hits)
+            if rename is not None:
+                if i:
+                    state.echoes.insert(0, state.echoes.pop(i))
+                return ref, rename
+        return None
 
 
 def _digit_finders(
     words: Sequence[tuple[str, bool]],
-) -> tuple[Callable[[bytes], list[int]], Callable[[bytes], list[int]]]:
+) -> tuple[Callable[[bytes], list[int]], Callable[[bytes], list[int] | None]]:
     """Where the prefilter words with digits match, and where they match with every digit made 0
-    in a text whose digits are made 0 (runs.Echo: a digit they hold might change)."""
+    in a text whose digits are made 0 (runs.Echo: a digit they hold might change; None:
+    anywhere, for a word too long to be looked for near a digit)."""
     digit_words = [wi for wi in words if any(c.isdigit() for c in wi[0])]
     if not digit_words:
         return (lambda data: []), (lambda data: [])
@@ -265,8 +321,8 @@ def _digit_finders(
     def at(data: bytes) -> list[int]:
         return [m.start() for m in hits.finditer(data)]
 
-    if any(len(w) > runs.NEAR for w, _ in digit_words):  # Echo looks only this far around a digit
-        return at, (lambda data: list(range(0, len(data), runs.NEAR)))
+    if any(len(w.encode()) > runs.NEAR for w, _ in digit_words):  # Echo looks this far at most
+        return at, (lambda data: None)
     zero = str.maketrans("0123456789", "0000000000")
     near = literal_matcher([(w.translate(zero), i) for w, i in digit_words])
     return at, (lambda data: [m.start() for m in near.finditer(data)])
@@ -304,7 +360,7 @@ class _State:
         self.runs = runs.Runs()
         self.started_at = 0  # the line where the Splitter last began a start
         self.closed = (0, False)  # run_sig and run_visible of the start that ended there
-        self.echo: tuple[bool, runs.Echo] | None = None  # (served, start) Engine._echo skips
+        self.echoes: list[tuple[bool, runs.Echo]] = []  # (served, start) Engine._echo skips
         # (block, served, offset, line) of the last start's first line (served: the prefilter
         # left the served words out when it was fed)
         self.echo_mark: tuple[bytes, bool, int, int] | None = None

@@ -10,6 +10,7 @@ backtracks costs a bounded time per line; bench/bench_hostile.py measures the wo
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import sys
@@ -183,6 +184,8 @@ def span_finder(rx: Any) -> Callable[[bytes, int], tuple[int, int] | None]:
     return find_re2
 
 
+SEGMENT = 128 << 10  # bytes of a block scanned at once by block_scanner's finds
+
 Scan = Callable[[bytes, Sequence[Sequence[bool] | None]], list[Callable[[bytes, int], Any]]]
 
 
@@ -219,28 +222,51 @@ def _block_scanner(words: tuple[tuple[str, bool], ...]) -> Scan | None:
         return None
     sizes = [len(w.encode()) for w, _ in words]
 
-    def walk(found: list[int], keep: Sequence[bool] | None) -> Callable[[bytes, int], Any]:
-        at = 0
-
-        def find(_data: bytes, pos: int) -> tuple[int, int] | None:
-            nonlocal at
-            for i in range(at, len(found)):
-                to, w = found[i] >> 16, found[i] & 0xFFFF
-                if to - sizes[w] >= pos and (keep is None or keep[w]):
-                    at = i
-                    return to - 1, to  # the match's last byte: its line is the match's line
-            at = len(found)
-            return None
-
-        return find
-
     def scan(
         block: bytes, keeps: Sequence[Sequence[bool] | None]
     ) -> list[Callable[[bytes, int], Any]]:
-        found: list[int] = []  # (end << 16 | word) of every match, in the order of their ends
-        add = found.append
-        db.scan(block, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w))
-        return [walk(found, keep) for keep in keeps]
+        # The block is scanned a segment at a time, from where a find is asked first: the bytes
+        # a caller skips (a crash loop's echoed restarts) are never scanned.
+        found: list[int] = []  # (end << 16 | word) of every match of the segment, by their ends
+        seg = [0, 0, 0]  # the segment's first and last offsets (+1), and its number
+        size = len(block)
+        view = memoryview(block)
+
+        def segment(pos: int) -> None:
+            hi = block.find(b"\n", pos + SEGMENT)
+            hi = size if hi < 0 else hi + 1
+            found.clear()
+            add = found.append
+            part = view[pos:hi]  # any buffer: no copy (the stubs say str or bytes)
+            db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w))  # type: ignore[type-var]
+            seg[:] = pos, hi, seg[2] + 1
+
+        def walk(keep: Sequence[bool] | None) -> Callable[[bytes, int], Any]:
+            at = 0
+            mine = -1  # the segment `at` points into
+
+            def find(_data: bytes, pos: int) -> tuple[int, int] | None:
+                nonlocal at, mine
+                while pos < size:
+                    if not seg[0] <= pos < seg[1]:
+                        segment(pos)
+                    lo, hi, number = seg
+                    if mine != number:
+                        at, mine = 0, number
+                    rel = pos - lo
+                    at = bisect.bisect_left(found, rel << 16, at)
+                    for i in range(at, len(found)):
+                        to, w = found[i] >> 16, found[i] & 0xFFFF
+                        if to - sizes[w] >= rel and (keep is None or keep[w]):
+                            at = i
+                            return lo + to - 1, lo + to  # the match's last byte: its line
+                    at = len(found)
+                    pos = hi
+                return None
+
+            return find
+
+        return [walk(keep) for keep in keeps]
 
     return scan
 

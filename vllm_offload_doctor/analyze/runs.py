@@ -127,7 +127,7 @@ class Echo:
     """
 
     __slots__ = ("blind", "digits", "keep", "last_at", "lines", "near", "npids", "pid_at", "pids",
-                 "sig", "size", "splitter", "value", "visible", "window")  # fmt: skip
+                 "sig", "size", "splitter", "spots", "value", "visible", "window")  # fmt: skip
 
     def __init__(
         self,
@@ -135,11 +135,11 @@ class Echo:
         lines: int,
         run: tuple[int, bool],
         splitter: tuple[int, dict[str, str], str],
-        near: Callable[[bytes], list[int]],
+        near: Callable[[bytes], list[int] | None],
     ) -> None:
         """`near`: where the prefilter's words with digits match, their digits made 0, in a text
-        whose digits are made 0 (a digit they hold may change); `rename`'s `digits`: where they
-        match."""
+        whose digits are made 0 (a digit they hold may change), or None: anywhere (a word longer
+        than NEAR); `rename`'s `digits`: where they match."""
         self.size = len(window)
         self.lines = lines  # lines from the first to the next start's first line
         self.sig, self.visible = run  # the start's fingerprint and visibility (engine._State)
@@ -147,7 +147,7 @@ class Echo:
         self.last_at = window.rfind(b"\n", 0, self.size - 1) + 1  # that line's offset
         self.window: bytes | None = window  # until a start of its size comes (most never do)
         self.near = near
-        self.digits: list[int] | None = None
+        self.digits: list[list[int]] = []
 
     def _prepare(self, window: bytes, digits: Callable[[bytes], list[int]]) -> None:
         self.window = None
@@ -160,19 +160,30 @@ class Echo:
                 if a >= 0:
                     keep[a:b] = bytes(b - a)
             changing.append((m.start("pid"), max(m.end("pid"), m.end("time"))))
-        # A word with digits could meet a changed digit: then its hits are compared.
+        # A word with digits could meet a changed digit: its hits are then compared, in the
+        # stretches where one could be. Every match of such a word (in either window) overlaps
+        # a near hit (finditer's hits do not overlap), so it lies within NEAR before and 2 x NEAR
+        # after one; only a stretch that holds a changed digit can differ.
+        hits = self.near(self.blind)
         starts = [a for a, _ in changing]
-        digit_words = False
-        for hit in self.near(self.blind):  # a hit hides at most one overlapping it: 2 x NEAR
-            i = bisect.bisect_right(starts, hit + 2 * NEAR) - 1
-            digit_words = digit_words or (i >= 0 and changing[i][1] + 2 * NEAR >= hit)
+        spots: list[tuple[int, int]] = []
+        for lo, hi in (
+            [(0, self.size)] if hits is None else [(h - NEAR, h + 2 * NEAR) for h in hits]
+        ):
+            i = bisect.bisect_left(starts, hi) - 1  # the last changed stretch starting before hi
+            if i >= 0 and changing[i][1] > lo:
+                if spots and lo <= spots[-1][1]:
+                    spots[-1] = (spots[-1][0], hi)
+                else:
+                    spots.append((max(lo, 0), hi))
+        self.spots = spots
         self.keep = int.from_bytes(keep, "little")
         self.value = int.from_bytes(window, "little") & self.keep
         spans = [m.span(1) for m in _PIDS.finditer(window)]
         self.pids = [window[a:b] for a, b in spans]
         self.pid_at: Any = operator.itemgetter(*(slice(a, b) for a, b in spans)) if spans else None
         self.npids = len(set(self.pids))
-        self.digits = digits(window) if digit_words else None  # where words with digits match
+        self.digits = [digits(window[a:b]) for a, b in spots]  # where words with digits match
 
     @staticmethod
     def fits(window: bytes) -> bool:
@@ -197,7 +208,7 @@ class Echo:
         pairs = set(zip(self.pids, pids, strict=True))
         if len(pairs) != self.npids or len(set(pids)) != self.npids:
             return None  # not one to one
-        if self.digits is not None and digits(window) != self.digits:
+        if self.spots and [digits(window[a:b]) for a, b in self.spots] != self.digits:
             return None
         rename = {a.decode(): b.decode() for a, b in pairs}
         _, pids_then, head = self.splitter
