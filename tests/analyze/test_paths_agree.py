@@ -180,3 +180,25 @@ def test_a_flood_of_matching_lines_keeps_the_per_line_state_bounded(
     a = eng.analyze_lines([oom] * 2000)
     assert a.failed and len(seen) == 2000
     assert max(seen) <= len(eng.rules) and seen[-1] == seen[0]
+
+
+@pytest.mark.parametrize("which", ["fixtures", "corpus"])
+def test_every_log_twice_in_one_file_gives_what_full_processing_gives(
+    which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The second time a start's lines come they are replayed in a start of their own: a rule's
+    # named groups from a replayed line must reach its finding as they do when it is fed.
+    from vllm_offload_doctor.analyze.render import Renderer
+
+    logs = FIXTURE_LOGS if which == "fixtures" else CORPUS_LOGS
+    if not logs:
+        pytest.skip("../shared/corpus is absent (it lives beside the repo)")
+    texts = [p.read_bytes().decode("utf-8", "replace") for p in logs]
+    lines = "".join(t if t.endswith("\n") else t + "\n" for t in texts * 2).split("\n")[:-1]
+    engine = analyze.default_engine()
+    replayed = engine.analyze_lines(lines, name="log")
+    with monkeypatch.context() as m:
+        m.setattr(analyze._State, "replay", False)
+        full = engine.analyze_lines(lines, name="log")
+    render = Renderer(color=False).json
+    assert render([replayed], []) == render([full], [])

@@ -352,7 +352,7 @@ class _State:
         self.keywords: Callable[[bytes], list[int]] | None = None  # patterns.keyword_index
         self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
         self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
-        self.matched: list[str] = []  # rule ids matched by the line being fed
+        self.matched: list[tuple[str, dict[str, Any]]] = []  # rules (id, groups) the line matched
         self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
         self.saw_level = False
         self.last_no = 0
@@ -461,7 +461,7 @@ class _State:
             else:
                 for key, value in groups.items():
                     hit.groups.setdefault(key, value)
-            self.matched.append(rule.id)
+            self.matched.append((rule.id, groups))
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
                 hit.evidence.append(Evidence(line.no, line.text[: EVIDENCE_CUT * 4]))
@@ -622,8 +622,9 @@ class _State:
             frame,
             entry,
             notable,
-            tuple(self.matched),
+            tuple(rule_id for rule_id, _ in self.matched),
             report_state,
+            groups=tuple(groups for _, groups in self.matched),
             fatal=bool(_EXCEPTION.match(line.msg) or _FATAL_HINT.search(line.msg)),
             dated=bool(line.level) and _STAMP.search(line.text[:80]) is not None,
             open=open_before,
@@ -653,8 +654,10 @@ class _State:
                 self.notable_first.append(ev)
             else:
                 self.notable_last.append(ev)
-        for rule_id in plan.rules:
+        for rule_id, groups in zip(plan.rules, plan.groups, strict=True):
             hit = self.hits[rule_id]
+            for key, value in groups.items():  # what feeding the line would add
+                hit.groups.setdefault(key, value)
             hit.count += 1
             if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
                 hit.evidence.append(Evidence(no, text[: EVIDENCE_CUT * 4]))

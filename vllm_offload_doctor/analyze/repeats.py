@@ -79,3 +79,4 @@ class Plan:
     fatal: bool = False  # an exception or a fatal hint: the start's first fatal line
     dated: bool = False  # a vLLM time stamp (the start's first time)
     open: int = 0  # engine._State._open when it was seen (bits): what it did not add to
+    groups: tuple[dict[str, Any], ...] = ()  # the named groups of each rule's match, in order
