@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_offload_doctor.analyze import logread, repeats, reports, runs, verdict
+from vllm_offload_doctor.analyze import logread, recall, repeats, reports, runs, verdict
 from vllm_offload_doctor.analyze.facts import FactCollector
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
@@ -221,7 +221,7 @@ class Engine:
             served = bool(state.collector.served_requests)
             start, end, line_no = self._echo(block, 0, end, line_no, served, state)
             counted_to, pos = start, end + 1
-            if start and not last and self._cut_short(state, served, size - start):
+            if start and not last and self._cut_short(state, served, block, start):
                 return line_no, start
         while pos < size:
             # The start's first served request drops the words it no longer needs (a serving
@@ -243,7 +243,7 @@ class Engine:
                     served = bool(state.collector.served_requests)
                     start, end, line_no = self._echo(block, start, end, line_no, served, state)
                     counted_to = start
-                    if not last and self._cut_short(state, served, size - start):
+                    if not last and self._cut_short(state, served, block, start):
                         return line_no, start
             else:
                 for part in split_long(raw):
@@ -252,14 +252,18 @@ class Engine:
         return line_no + block.count(b"\n", counted_to), None
 
     @staticmethod
-    def _cut_short(state: _State, served: bool, left: int) -> bool:
-        """Whether an echo start might repeat the start from here, were its bytes all in the block
-        (a crash loop's restart that straddles two blocks); a bounded carry only."""
-        return any(
+    def _cut_short(state: _State, served: bool, block: bytes, start: int) -> bool:
+        """Whether an echo start or a start judged before might repeat the start from `start`,
+        were its bytes all in the block (a restart that straddles two blocks); a bounded carry."""
+        left = len(block) - start
+        if any(
             was_served == served and left < ref.size <= CARRY_MAX
             and (not ref.visible or state.runs.repeats(ref.sig))
             for was_served, ref in state.echoes
-        )  # fmt: skip
+        ):  # fmt: skip
+            return True
+        first = block[start : block.find(b"\n", start) + 1]
+        return left < state.seen.longest(first) <= CARRY_MAX
 
     def _echo(
         self, block: bytes, start: int, end: int, line_no: int, served: bool, state: _State
@@ -276,17 +280,31 @@ class Engine:
                                 state.splitter.snapshot(), self._digit_near)  # fmt: skip
                 state.echoes.insert(0, (served, ref))
                 del state.echoes[ECHOES:]
+                state.learn(window, mark, ref)
         moved = False
-        while (found := self._echoed(block, start, served, state)) is not None:
-            ref, rename = found
-            start += ref.last_at
-            end = start + (ref.size - ref.last_at) - 1
-            line_no += ref.lines
-            state.echo_start(line_no + 1, ref, rename)
+        while True:
+            found = self._echoed(block, start, served, state)
+            if found is not None:
+                ref, rename = found
+                start += ref.last_at
+                end = start + (ref.size - ref.last_at) - 1
+                line_no += ref.lines
+                state.echo_start(line_no + 1, ref, rename)
+            else:
+                key = state.recall_key(served)
+                first = block[start : end + 1]
+                known = state.seen.recall(block, start, first, key) if key is not None else None
+                if known is None:
+                    break
+                seen, learned = known
+                start += seen.last_at
+                end = start + (len(seen.window) - seen.last_at) - 1
+                line_no += seen.lines
+                state.recall_start(line_no + 1, seen, learned)
             moved = True
-        if moved:  # the first line of the start that is not echoed (echo_start drops the others')
+        if moved:  # the first line of the start that is not skipped (echo_start drops the others')
             state.feed_started(line_no + 1, block[start:end].decode("utf-8", "replace"))
-        state.echo_mark = (block, served, start, line_no + 1)
+        state.echo_mark = (block, served, start, line_no + 1, state.recall_key(served))
         return start, end, line_no
 
     def _echoed(
@@ -361,9 +379,11 @@ class _State:
         self.started_at = 0  # the line where the Splitter last began a start
         self.closed = (0, False)  # run_sig and run_visible of the start that ended there
         self.echoes: list[tuple[bool, runs.Echo]] = []  # (served, start) Engine._echo skips
-        # (block, served, offset, line) of the last start's first line (served: the prefilter
-        # left the served words out when it was fed)
-        self.echo_mark: tuple[bytes, bool, int, int] | None = None
+        # (block, served, offset, line, recall key) of the last start's first line (served: the
+        # prefilter left the served words out when it was fed; recall_key after it)
+        self.echo_mark: tuple[bytes, bool, int, int, Any] | None = None
+        self.seen = recall.Seen()  # starts judged before (recall.py)
+        self.judged: tuple[int, Analysis, bool] | None = None  # the start new_start just judged
         self._start_run(1)
 
     def _start_run(self, first_line: int) -> None:
@@ -685,19 +705,58 @@ class _State:
 
     def new_start(self, no: int) -> None:
         """A server start begins at line `no`: judge the one before on its own, then start afresh."""
+        self.judged = None
         if self.run_visible:
             last = no - 1
             if not self.runs.repeat(self.run_sig, last):
                 run = self._finish_run("", last)
-                self.runs.add(
-                    self.run_first_line,
-                    last,
-                    run,
-                    verdict.decides(run, self._ended()),
-                    self.run_sig,
-                )
+                decides = verdict.decides(run, self._ended())
+                self.runs.add(self.run_first_line, last, run, decides, self.run_sig)
+                self.judged = (self.run_first_line, run, decides)
         self.closed = (self.run_sig, self.run_visible)
         self._start_run(no)
+
+    def recall_key(self, served: bool) -> Any:
+        """What a start finds that its analysis depends on beside its bytes (recall.py), after
+        its first line; None where the file so far makes starts never recalled."""
+        if not self.saw_level or self.gave_up:
+            return None
+        return served, self.splitter.snapshot()
+
+    def learn(self, window: bytes, mark: tuple[bytes, bool, int, int, Any], ref: runs.Echo) -> None:
+        """The start that just ended (its `window` and `mark`, runs.Echo `ref`): remembered, or
+        learned from, when it was judged in full (recall.Seen)."""
+        judged = self.judged
+        if judged is None or judged[0] != mark[3] or mark[4] is None or self.gave_up:
+            return
+        self.seen.learn(
+            recall.Entry(
+                window,
+                key=mark[4],
+                lines=ref.lines,
+                last_at=ref.last_at,
+                splitter=ref.splitter,
+                sig=ref.sig,
+                visible=ref.visible,
+                base=judged[0],
+                analysis=judged[1],
+                decides=judged[2],
+            )
+        )
+
+    def recall_start(self, no: int, seen: recall.Entry, learned: recall.Learned) -> None:
+        """The lines up to `no` repeat a start judged before (recall.py): what feeding them would
+        leave. Line `no` begins a start (it is fed next)."""
+        if seen.visible:
+            last = no - 1
+            if not self.runs.repeat(seen.sig, last):
+                run = recall.Recalled(learned, self.run_first_line - seen.base)
+                self.runs.add(self.run_first_line, last, run, seen.decides, seen.sig)
+        self.judged = None
+        self.closed = (seen.sig, seen.visible)
+        self._start_run(no)
+        self.splitter.restore(seen.splitter, _SAME)
+        self.started_at = no
 
     def echo_start(self, no: int, ref: runs.Echo, rename: dict[str, str]) -> None:
         """The lines up to `no` repeat `ref`'s start (runs.Echo): what feeding them would leave.
@@ -753,6 +812,14 @@ def _request_level(line: Line) -> bool:
     return bool(_REQUEST_FILE.search(line.text[:200])) and "dead" not in line.msg
 
 
+class _Same(dict[str, str]):
+    """The identity renaming (a recalled start's pids are its first sighting's)."""
+
+    def __missing__(self, pid: str) -> str:
+        return pid
+
+
+_SAME = _Same()
 _DEFAULT: Engine | None = None
 
 

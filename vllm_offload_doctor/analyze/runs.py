@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from vllm_offload_doctor.analyze import repeats
+from vllm_offload_doctor.analyze import recall, repeats
 from vllm_offload_doctor.analyze.model import Analysis, Run
 
 # A shell prompt (or none), then the server's command: never a message that quotes `vllm serve`,
@@ -228,7 +228,7 @@ def _marker(raw: str) -> int:
     return 0
 
 
-def _same(run: Run, a: Analysis) -> bool:
+def _same(run: Run, a: Analysis | recall.Recalled) -> bool:
     """The same failure: category, rule and offload status (line numbers and times may differ)."""
     v = a.verdict
     return (run.verdict.category, run.verdict.rule_id, run.offload.status) == (
@@ -243,7 +243,8 @@ class Runs:
 
     def __init__(self) -> None:
         self.entries: deque[Run] = deque(maxlen=MAX_RUNS)
-        self.last_event: Analysis | None = None  # the latest start that names an outcome
+        # The latest start that names an outcome (a recalled one's analysis is built if asked).
+        self.last_event: Analysis | recall.Recalled | None = None
         self.last_sig: int | None = None  # the fingerprint of the latest start's lines
 
     def repeats(self, sig: int) -> bool:
@@ -259,7 +260,12 @@ class Runs:
         return True
 
     def add(
-        self, first: int, last: int, a: Analysis, decides: bool, sig: int | None = None
+        self,
+        first: int,
+        last: int,
+        a: Analysis | recall.Recalled,
+        decides: bool,
+        sig: int | None = None,
     ) -> None:
         """`decides`: the start shows an outcome (a start cut off after its banner shows none)."""
         self.last_sig = sig
@@ -274,7 +280,10 @@ class Runs:
     def result(self, first: int, last: int, final: Analysis, decides: bool) -> Analysis:
         """The file's result: the last start's (the last that decides, when it does not), with all."""
         self.add(first, last, final, decides)
-        chosen = final if decides or self.last_event is None else self.last_event
+        event = self.last_event
+        chosen = final if decides or event is None else event
+        if isinstance(chosen, recall.Recalled):
+            chosen = chosen.analysis()
         return replace(
             chosen,
             file=final.file,
