@@ -188,8 +188,8 @@ class Seen:
     """Windows of starts judged once or twice, the least recently used going first past
     MAX_BYTES of windows or MAX_ENTRIES starts (bounded whatever the log)."""
 
-    MAX_BYTES = 8 << 20
-    MAX_ENTRIES = 256  # a first sighting keeps its analysis until the second
+    MAX_BYTES = 4 << 20
+    MAX_ENTRIES = 128  # a first sighting keeps its analysis until the second
     PER_LINE = 8  # windows kept per first line (many starts begin with the same banner)
 
     def __init__(self) -> None:
