@@ -8,7 +8,7 @@ times. Then, in one run:
 
 * `offload-doctor analyze --format json FILE`: wall time, MB/s, peak RSS;
 * `grep -F -c -f WORDS FILE` with the engine's prefilter words: MB/s;
-* the ratio analyze/grep (target >= 0.1) and the RSS (target < 100 MB).
+* the ratio analyze/grep (issue 17's goal: >= 0.5) and the RSS (target < 100 MB).
 
     python bench/bench_crashloop.py [--size-mb 1024] [--keep] [--corpus DIR]
 """
@@ -123,7 +123,7 @@ def main() -> int:
             (
                 "analyze / grep throughput",
                 f"{ratio:.3f}",
-                "target >= 0.1 " + ("OK" if ratio >= 0.1 else "MISSED"),
+                "goal >= 0.5 " + ("OK" if ratio >= 0.5 else "MISSED"),
             ),
             (
                 "analyze peak RSS",
