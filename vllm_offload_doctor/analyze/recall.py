@@ -30,22 +30,21 @@ class Differs(Exception):
 
 
 def template(first: Any, second: Any, delta: int) -> Any:
-    """What rebuilds `first` for a start that begins `shift` lines after it: `build(shift)`.
-
-    `second` is the same start's analysis `delta` (not 0) lines further on. Raises Differs.
-    """
-    if first is second or type(first) is not type(second):
-        if first is second:
-            return _const(first)
+    """A template of `first`: `build(template, shift)` gives it as the same start would have it
+    `shift` lines further on. `second` is what it was `delta` (not 0) lines further on.
+    Raises Differs."""
+    if first is second:
+        return _Const(first)
+    if type(first) is not type(second):
         raise Differs
     kind = type(first)
     if kind is bool or first is None or isinstance(first, Enum | float | bytes):
         if first != second:
             raise Differs
-        return _const(first)
+        return _Const(first)
     if kind is int:
         if first == second:
-            return _const(first)
+            return _Const(first)
         if second - first != delta:
             raise Differs
         value: int = first
@@ -57,14 +56,14 @@ def template(first: Any, second: Any, delta: int) -> Any:
             raise Differs
         parts = [template(a, b, delta) for a, b in zip(first, second, strict=True)]
         if not any(isinstance(p, _Slot) for p in parts):
-            return _const(first)
+            return _Const(first)
         return _Slot(lambda shift: kind(_built(p, shift) for p in parts))
     if kind is dict:
         if list(first) != list(second):
             raise Differs
         items = [(k, template(first[k], second[k], delta)) for k in first]
         if not any(isinstance(p, _Slot) for _, p in items):
-            return _const(first)
+            return _Const(first)
         return _Slot(lambda shift: {k: _built(p, shift) for k, p in items})
     if dataclasses.is_dataclass(first):
         values, changed = {}, {}
@@ -76,7 +75,7 @@ def template(first: Any, second: Any, delta: int) -> Any:
             if isinstance(part, _Slot):
                 changed[f.name] = part
         if not changed:
-            return _const(first)
+            return _Const(first)
         for name in changed:
             del values[name]
         return _Slot(
@@ -104,17 +103,13 @@ class _Const:
         self.value = value
 
 
-def _const(value: Any) -> _Const:
-    return _Const(value)
-
-
 def _built(part: Any, shift: int) -> Any:
     return part.build(shift) if isinstance(part, _Slot) else part.value
 
 
 def _text(first: str, second: str, delta: int) -> Any:
     if first == second:
-        return _const(first)
+        return _Const(first)
     a, b = _DIGITS.split(first), _DIGITS.split(second)
     if len(a) != len(b):
         raise Differs
@@ -127,7 +122,7 @@ def _text(first: str, second: str, delta: int) -> Any:
             raise Differs
         slots.append(i)
     if not slots:
-        return _const(first)
+        return _Const(first)
 
     def rebuilt(shift: int) -> str:
         parts = list(a)
