@@ -197,9 +197,12 @@ class Echo:
         window = block[at : at + self.size]
         if len(window) != self.size:
             return None
-        if self.window is not None:
+        blind = window.translate(_BLIND)
+        if self.window is not None:  # prepared when a start first looks like it (few ever do)
+            if blind != self.window.translate(_BLIND):
+                return None
             self._prepare(self.window, digits)
-        if window.translate(_BLIND) != self.blind:
+        if blind != self.blind:
             return None
         if int.from_bytes(window, "little") & self.keep != self.value:
             return None
