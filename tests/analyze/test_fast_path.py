@@ -61,8 +61,8 @@ def _pair(rule_dirs: list[Path]) -> tuple[analyze.Engine, analyze.Engine]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _hyperscan_for_every_block() -> Iterator[None]:
-    # The fast engine scans a block of 1 MiB or more with Hyperscan, and indexes the rules'
-    # keywords after 2000 lines: here every block, from the first line.
+    # The fast engine scans a block of 1 MiB or more with Hyperscan, and selects the rule patterns
+    # a line may match with Hyperscan after INDEX_AFTER lines: here every block, from the first line.
     with pytest.MonkeyPatch.context() as m:
         m.setattr(analyze, "HYPERSCAN_BLOCK", 0)
         m.setattr(analyze, "INDEX_AFTER", 1)

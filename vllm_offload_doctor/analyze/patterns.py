@@ -271,45 +271,127 @@ def _block_scanner(words: tuple[tuple[str, bool], ...]) -> Scan | None:
     return scan
 
 
-def keyword_index(groups: Sequence[Sequence[str]]) -> Callable[[bytes], list[int]] | None:
-    """Which groups (a rule's keywords each) have a word in a text, in order: one Hyperscan scan
-    reporting every word once, overlapping ones too, instead of a substring test per word.
-    None without Hyperscan."""
-    return _keyword_index(tuple(tuple(g) for g in groups))
+Selected = list[tuple[int, Sequence[int]]]
+
+
+def rule_selector(
+    groups: Sequence[tuple[Sequence[str], Sequence[Bounded]]],
+) -> Callable[[bytes], Selected] | None:
+    """For a text in UTF-8: the groups (a rule's keywords and patterns each) holding one of their
+    keywords, in order, each with the indexes of the patterns that may match it, in order. One
+    Hyperscan scan for every keyword and pattern instead of a RE2 search per pattern.
+
+    A pattern left out matches nowhere in the text, so trying only the others (with RE2, for the
+    groups) finds the same first match. Hyperscan's regexes agree with RE2's on plain text only
+    (ASCII without a newline or vertical tab: `\\s`, `$`, case folding and `.` differ beyond it),
+    at most MAX_TEXT bytes long (the patterns see no more); for any other text every pattern
+    of the groups holding a keyword is returned. A pattern Hyperscan cannot compile, one with
+    non-ASCII characters, or one RE2 cannot run (it runs under a timeout: the reference tries
+    it) is always returned. None without Hyperscan.
+    """
+    key = tuple(
+        (tuple(words), tuple((p.pattern, p.linear) for p in patterns)) for words, patterns in groups
+    )
+    return _rule_selector(key)
+
+
+_GROUP_NAME = re.compile(r"(?<!\\)((?:\\\\)*)\(\?P<\w+>")  # Hyperscan refuses a repeated name
+_NOT_PLAIN = re.compile(rb"[^\x00-\x09\x0c-\x7f]")  # non-ASCII, a newline or a vertical tab
+
+
+def _plain(data: bytes) -> bool:
+    """Whether Hyperscan's regexes find in `data` what RE2's find (see rule_selector)."""
+    return len(data) <= MAX_TEXT and _NOT_PLAIN.search(data) is None
 
 
 @functools.lru_cache(maxsize=8)
-def _keyword_index(groups: tuple[tuple[str, ...], ...]) -> Callable[[bytes], list[int]] | None:
-    words = sorted({w for g in groups for w in g})
+def _rule_selector(
+    groups: tuple[tuple[tuple[str, ...], tuple[tuple[str, bool], ...]], ...],
+) -> Callable[[bytes], Selected] | None:
+    words = sorted({w for ws, _ in groups for w in ws})
     if not words:
         return None
     try:
         import hyperscan
-
-        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        db.compile(
-            expressions=[w.encode() for w in words],
-            ids=list(range(len(words))),
-            elements=len(words),
-            flags=hyperscan.HS_FLAG_SINGLEMATCH,
-            literal=True,
-        )
-    except Exception:  # not installed, or a build that refuses the words
+    except Exception:
         return None
-    owners = [[i for i, g in enumerate(groups) if w in g] for w in words]
+    owners = [[g for g, (ws, _) in enumerate(groups) if w in ws] for w in words]
+    # Every byte escaped: a keyword is a literal whatever it holds (a NUL ends a C string).
+    exprs = [b"".join(b"\\x%02x" % c for c in w.encode()) for w in words]
+    where: list[tuple[int, int]] = []  # (group, pattern) of each pattern expression
+    always: list[list[int]] = [[] for _ in groups]
+    for g, (_, patterns) in enumerate(groups):
+        for i, (pattern, linear) in enumerate(patterns):
+            if linear and pattern.isascii():
+                where.append((g, i))
+                exprs.append(_GROUP_NAME.sub(r"\1(", pattern).encode())
+            else:
+                always[g].append(i)
+    flags = [hyperscan.HS_FLAG_SINGLEMATCH] * len(exprs)
+    db = _compile_each(hyperscan, exprs, flags, len(words))
+    if db is None:
+        return None
+    db, refused = db
+    for n in refused:
+        g, i = where[n - len(words)]
+        always[g].append(i)
+    for a in always:
+        a.sort()
+    every = [tuple(range(len(patterns))) for _, patterns in groups]
+    n_words = len(words)
     seen: list[int] = []
 
-    def on(word: int, _from: int, _to: int, _flags: int, _ctx: Any) -> None:
-        seen.append(word)
+    def on(found: int, _from: int, _to: int, _flags: int, _ctx: Any) -> None:
+        seen.append(found)
 
-    def which(data: bytes) -> list[int]:
+    def select(data: bytes) -> Selected:
         seen.clear()
         db.scan(data, match_event_handler=on)
-        if len(seen) == 1:
-            return owners[seen[0]]
-        return sorted({g for w in seen for g in owners[w]})
+        hit = {g for w in seen if w < n_words for g in owners[w]}
+        if not hit:
+            return []
+        if not _plain(data):
+            return [(g, every[g]) for g in sorted(hit)]
+        tried: dict[int, list[int]] = {g: list(always[g]) for g in hit}
+        for n in seen:
+            if n >= n_words:
+                g, i = where[n - n_words]
+                if g in tried:
+                    tried[g].append(i)
+        return [(g, sorted(tried[g])) for g in sorted(hit) if tried[g]]
 
-    return which
+    return select
+
+
+def _compile_each(hs: Any, exprs: list[bytes], flags: list[int], fixed: int) -> Any:
+    """(a Hyperscan database of the expressions, the indexes of those it refused), or None
+    when it refuses one of the first `fixed` (literal keywords)."""
+
+    def compiled(ids: list[int]) -> Any:
+        db = hs.Database(mode=hs.HS_MODE_BLOCK)
+        db.compile(
+            expressions=[exprs[i] for i in ids],
+            ids=ids,
+            elements=len(ids),
+            flags=[flags[i] for i in ids],
+        )
+        return db
+
+    ids = list(range(len(exprs)))
+    try:
+        return compiled(ids), []
+    except Exception:  # one the build refuses: find it, then compile the rest
+        pass
+    refused = []
+    for i in ids[fixed:]:
+        try:
+            compiled([i])
+        except Exception:
+            refused.append(i)
+    try:
+        return compiled([i for i in ids if i not in refused]), refused
+    except Exception:
+        return None
 
 
 # -- rule and knowledge patterns ---------------------------------------------------------------
@@ -329,7 +411,7 @@ class Bounded:
     so the caller can tell its user (per analysis) which pattern was skipped on which line.
     """
 
-    __slots__ = ("_re2", "pattern", "rx")
+    __slots__ = ("_match", "_names", "_re2", "pattern", "rx")
 
     def __init__(self, pattern: str) -> None:
         import regex
@@ -337,6 +419,8 @@ class Bounded:
         self.pattern = pattern
         self.rx = regex.compile(pattern)  # raises regex.error for the rule file's message
         self._re2 = _re2_compile(pattern)
+        # RE2's matcher on UTF-8 bytes, and its named groups as the wrapper's groupdict reads them.
+        self._match, self._names = _re2_parts(self._re2)
 
     @property
     def linear(self) -> bool:
@@ -378,8 +462,48 @@ class Bounded:
         except TimeoutError:
             return _GAVE_UP  # a clue or rule is then missing, not the run
 
+    def groups(self, text: str, data: bytes) -> tuple[dict[str, Any] | None, bool]:
+        """`attempt` on `text` (at most MAX_TEXT characters; `data`: it in UTF-8) reduced to the
+        match's non-empty named groups: (None when it does not match, True when it gave up).
+
+        RE2 runs on the bytes through its matcher: the wrapper's Match object converts every
+        offset between bytes and characters and builds the group index on each call. Not
+        memoised: the engine keeps a line's results by its text.
+        """
+        if self._match is None:
+            found = self._run_once(True, text, DEFAULT_TIMEOUT_S)
+            if found is _GAVE_UP:
+                return None, True
+            return (
+                None if found is None else {k: v for k, v in found.groupdict().items() if v}
+            ), False
+        spans = self._match(data, 0, len(data))
+        if spans[0][0] < 0:
+            return None, False
+        out = {}
+        for name, i in self._names:
+            start, end = spans[i]
+            if end > start:  # matched, and not empty
+                out[name] = data[start:end].decode()
+        return out, False
+
     def __repr__(self) -> str:
         return f"Bounded({self.pattern!r}, re2={self.linear})"
+
+
+def _re2_parts(rx: Any) -> tuple[Any, tuple[tuple[str, int], ...]]:
+    """(RE2's unanchored matcher, (name, group) of its named groups as `groupdict` reads them),
+    or (None, ()) where the pattern is not RE2's or this google-re2 lacks these internals."""
+    if rx is None:
+        return None, ()
+    try:
+        import re2
+
+        match = functools.partial(rx._regexp.Match, re2._Anchor.UNANCHORED)
+        match(b"", 0, 0)
+        return match, tuple(rx.groupindex.items())
+    except Exception:
+        return None, ()
 
 
 def _re2_compile(pattern: str) -> Any:
