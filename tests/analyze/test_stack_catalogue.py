@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import tomllib
 from pathlib import Path
@@ -303,3 +304,24 @@ def test_lent_entries_are_all_built():
     lend = tomllib.loads((ROOT / "rules" / "maps" / "stack.toml").read_text())["lend"]
     libraries = {e["library"] for e in lend}
     assert libraries <= {m.library for m in builtin_stack().lent}
+
+
+def test_the_word_scan_finds_what_the_full_search_finds():
+    # find() skips the name search and the core tests when one scan sees none of their words.
+    from vllm_offload_doctor.analyze.normalize import parse
+
+    stack = builtin_stack()
+    full = copy.copy(stack)
+    full._words = None
+    corpus = ROOT.parent / "shared" / "corpus"
+    logs = [*ROOT.glob("fixtures/**/*.log"), *(corpus.glob("*.log") if corpus.is_dir() else ())]
+    texts = [t for t, _category, _library in FIRE] + QUIET
+    texts += [
+        parse(1, raw).msg for log in logs for raw in log.read_text("utf-8", "replace").split("\n")
+    ]
+    texts += [f"x: {m.name}: {m.template.strip()}" for m in stack.lent]
+    found = 0
+    for text in texts:
+        assert stack.find(text) == full.find(text), text
+        found += full.find(text) is not None
+    assert found > 50

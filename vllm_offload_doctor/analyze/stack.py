@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.analyze.model import Evidence, Finding
-from vllm_offload_doctor.analyze.patterns import Bounded
+from vllm_offload_doctor.analyze.patterns import Bounded, literal_matcher, span_finder
 from vllm_offload_doctor.analyze.rules import Rule, builtin_rules_dir
 
 FORMAT = "stack-messages/2"
@@ -102,9 +102,18 @@ class StackMap:
             if "rror" not in core:
                 triggers.add(core[:12])  # shared heads ('requires the') make one test
         self.triggers = tuple(sorted(triggers))
+        self._triggers = span_finder(literal_matcher([(t, False) for t in self.triggers]))
+        # Every name and literal core in one scan: a message holding none (most exception lines)
+        # needs no name search nor a test per core.
+        words = {(n, False) for n in self.by_name} | {(core, False) for _m, core, _rx in self.texts}
+        self._words = (
+            span_finder(literal_matcher(sorted(words)))
+            if words and all(w for w, _ in words)
+            else None
+        )
 
     def may_hold(self, msg: str) -> bool:
-        return any(t in msg for t in self.triggers)
+        return self._triggers(msg.encode(), 0) is not None
 
     def find(self, msg: str) -> Lent | None:
         if "[Errno" in msg:
@@ -113,6 +122,8 @@ class StackMap:
                 for m in self.errnos.get(int(code), ()):
                     if any(t in said for t in self.errno_texts[m.name]):
                         return m
+        if self._words is not None and self._words(msg.encode(), 0) is None:
+            return None
         if self._names is not None:
             for hit in self._names.finditer(msg):
                 m = self.by_name[hit.group(0)]
