@@ -96,3 +96,33 @@ def test_our_analyze_output_pasted_alone_reads_its_quoted_evidence_only() -> Non
     a = analyze_lines(text)
     assert a.verdict.category is Category.UNKNOWN and not a.findings
     assert a.facts.pasted_reports == ["offload-doctor analyze"]
+
+
+def _anchored(pattern: str) -> bool:
+    """Whether every top-level branch of a pattern begins with `^`."""
+    import re._parser as sre_parse
+
+    parsed = sre_parse.parse(pattern)
+    branches = [parsed]
+    if len(parsed) == 1 and parsed[0][0] is sre_parse.BRANCH:
+        branches = parsed[0][1][1]
+    at = sre_parse.AT, sre_parse.AT_BEGINNING
+    return all(len(b) and tuple(b[0]) == at for b in branches)
+
+
+def test_the_shapes_are_found_as_trying_them_in_turn_finds_them() -> None:
+    # One match of their alternation stands for a search with each shape in order, which holds
+    # while every shape is anchored at the start.
+    from vllm_offload_doctor.analyze import reports
+
+    assert all(_anchored(rx.pattern) for _, rx in reports._SHAPES)
+    assert not _anchored(r"^a|b")
+    corpus = Path(__file__).parents[3] / "shared" / "corpus"
+    logs = [*HERE.glob("*.log"), *FIXTURES.glob("**/*.log"), *corpus.glob("*.log")]
+    lines = [raw for log in logs for raw in log.read_text("utf-8", "replace").split("\n")]
+    found = 0
+    for text in lines:
+        kind = next((k for k, rx in reports._SHAPES if rx.search(text)), None)
+        assert reports.Reports()._kind(5, text) == kind, text
+        found += kind is not None
+    assert found > 30

@@ -141,6 +141,21 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(r"^(?:\([\w.-]+\) ?)?[\w.-]+@[\w.-]+(?::[^\s$#]*)? ?[$#] \S|^\$ \S"),
     ),
 )
+# Every shape is anchored at the start (tests/analyze/test_reports.py checks): one match of their
+# alternation finds the first shape in order that matches, as trying them in turn does.
+_ANY_SHAPE = re.compile("|".join(f"({rx.pattern})" for _, rx in _SHAPES))
+
+
+def _shape_groups() -> dict[int, str]:
+    """The kind of each shape's group in _ANY_SHAPE (a shape's own groups follow its group)."""
+    out, at = {}, 1
+    for kind, rx in _SHAPES:
+        out[at] = kind
+        at += 1 + rx.groups
+    return out
+
+
+_SHAPE_KIND = _shape_groups()
 # Lines of a collect-env block whose label alone is too common; only after its header.
 _COLLECT_ENV_TAIL = re.compile(
     r"^(?:OS|Architecture|CPU op-mode\(s\)|Byte Order|Address sizes|CPU\(s\)|On-line CPU\(s\) list"
@@ -233,9 +248,9 @@ class Reports:
             )
         if not text:
             return None
-        for kind, rx in _SHAPES:
-            if rx.search(text):
-                return kind
+        shape = _ANY_SHAPE.match(text)
+        if shape is not None:
+            return _SHAPE_KIND[shape.lastindex or 0]
         if "offload-doctor compare" in self.kinds and _COMPARE_COMMAND.match(text):
             return "offload-doctor compare"  # the commands compare ran, not this log's
         if self._collect_env and _COLLECT_ENV_TAIL.search(text):
