@@ -81,19 +81,20 @@ def _results(memo: OrderedDict[str, dict[Any, Any]], text: str) -> dict[Any, Any
 
 
 def _memo(memo: OrderedDict[str, dict[Any, Any]], d: Declared, text: str) -> re.Match[str] | None:
+    t = d._gate(text)
+    if t is None:  # no word of the pattern: cheaper to tell than to look up (nor remembered)
+        return None
     results = memo.get(text)
     if results is None:
         if len(text) > MEMO_TEXT_LEN:
-            t = d._gate(text)
-            return None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
+            return d.rx.search(t) if memo is _SEARCHED else d.rx.match(t)
         results = _results(memo, text)
     else:
         memo.move_to_end(text)
     if d in results:
         known: re.Match[str] | None = results[d]
         return known
-    t = d._gate(text)
-    found = None if t is None else (d.rx.search(t) if memo is _SEARCHED else d.rx.match(t))
+    found = d.rx.search(t) if memo is _SEARCHED else d.rx.match(t)
     results[d] = found
     return found
 
