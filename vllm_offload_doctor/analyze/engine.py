@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.analyze import logread, recall, repeats, reports, runs, verdict
-from vllm_offload_doctor.analyze.facts import FactCollector
+from vllm_offload_doctor.analyze.facts import FactCollector, extract, frame_of
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
     Analysis,
@@ -368,14 +368,12 @@ class _State:
         self._rule_words = span_finder(
             literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
         )
-        self._by_line = any(r.where == "line" for r in self.matching)
         self.fast = fast
         self._matched_lines = 0  # lines matched against the rules so far
         self._selectors: tuple[Any, ...] | None = None  # _make_selectors, after INDEX_AFTER lines
         self._every = [tuple(range(len(r.patterns))) for r in self.matching]
-        self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
-        self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
-        self.matched: list[tuple[str, dict[str, Any]]] = []  # rules (id, groups) the line matched
+        self.plans = repeats.Memo()  # key -> Plan, or None: always fed in full (a pasted report)
+        self.matched: list[str] = []  # rule ids matched by the line being fed
         self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
         self.saw_level = False
         self.last_no = 0
@@ -396,7 +394,6 @@ class _State:
         self.run_first_line = first_line
         self.run_sig = 0  # a fingerprint of the start's lines, pids and times left out
         self.run_visible = False  # whether the start holds a line the streaming path sees
-        self.open_now = -1  # _open's bits, or -1: to be computed
         self.clues = verdict.Clues()
         self.collector = FactCollector()
         self.hits: dict[str, _Hit] = {}
@@ -419,60 +416,100 @@ class _State:
         # readiness followed by a fatal event is not healthy.
         self.alarm_after_up: Evidence | None = None
 
-    def feed(self, line: Line) -> None:
-        self.matched.clear()  # the rules of this line only: a flood of matching lines stays bounded
-        self.last_no = line.no
-        self.open_now = -1
+    def feed(self, line: Line) -> repeats.Plan | None:
+        """Feed a parsed line; returns its plan, or None for a line of a pasted report."""
         report = self.reports.feed(line)
         if report is not None:
+            self.matched.clear()
+            self.last_no = line.no
             if report == "shell prompt":
                 self.collector.feed(line)  # the command line still gives the arguments
-            return  # a pasted report, not an event of this run
-        self.collector.feed(line)
-        msg = line.msg
-        if line.level is not None:
-            self.saw_level = True  # vLLM's 'LEVEL mm-dd hh:mm:ss [file:line]' or uvicorn's prefix
+            return None  # a pasted report, not an event of this run
+        plan = self._classify(line)
+        self._apply(line.no, line.text, plan, line.pid)
+        return plan
+
+    def _classify(self, line: Line) -> repeats.Plan:
+        """What a line that is not a pasted report's says, whatever the state (see repeats.py):
+        read from its message and text, never from its pid, time or number."""
+        msg, text, level = line.msg, line.text, line.level
+        plan = repeats.Plan(msg, line.proc, self.reports.state(line.no))
+        plan.level = level is not None
+        plan.frame = frame_of(msg)
+        if plan.frame is not None:
+            plan.frame_entry = self.knowledge.frame_entry(*plan.frame)
+        else:
+            plan.facts = extract(msg, text)
+            plan.clue = verdict.read_clue(msg, self.knowledge)
         if msg.startswith("Using V2 Model Runner"):
-            self.v2_banner = True
+            plan.v2 = True
         elif msg.startswith("Model loading took "):
             m = _LOADING_NUMBER.match(msg)
             if m:
-                self.loading_4dp = len(m.group(1) or "") == 4
-        if self.ready_line is None and self.collector.facts.reached_ready:
-            self.ready_line = line.no
-        wrapper = self.clues.feed(line, self.knowledge, self.collector.frames)
-        if line.level:
-            self._stamp(line.text)
-        if self.clues.interrupt is None and (_INTERRUPT.search(msg) or line.text.startswith("^C")):
-            self.clues.interrupt = Evidence(line.no, scrub_cut(line.text, 400))
+                plan.loading_4dp = len(m.group(1) or "") == 4
+        error = level in ("ERROR", "CRITICAL")
+        plan.dated = plan.level and _STAMP.search(text[:80]) is not None
+        plan.interrupt = bool(_INTERRUPT.search(msg) or text.startswith("^C"))
+        plan.alarm = error or bool(_CUT_ALARM.match(msg))
+        clue = plan.clue
+        if plan.alarm or (clue is not None and (clue.death or clue.wrapper)):
+            plan.request = _request_level(line)
+        exc = _EXCEPTION.match(msg)
+        if exc is not None:
+            plan.exception = msg[exc.end() :].strip()
+        plan.fatal = exc is not None or _FATAL_HINT.search(msg) is not None
+        plan.notable = plan.fatal or (error and not msg.startswith(("File ", "^", "~")))
+        plan.matches = self._matches(line)
+        if "Value error, " in msg:
+            plan.wrapped = verdict.wrapped_of(msg, [r for r, _ in plan.matches])
+        return plan
+
+    def _apply(self, no: int, text: str, plan: repeats.Plan, pid: int | None) -> None:
+        """What a line says (its plan) done to the state so far: line `no`, cleaned text `text`,
+        pid `pid` (read only where a fact needs it)."""
+        self.matched.clear()  # the rules of this line only: a flood of matching lines stays bounded
+        self.last_no = no
+        collector = self.collector
+        if plan.frame is not None:
+            collector.add_frame(no, *plan.frame)
+        elif plan.facts:
+            collector.apply(plan.facts, no, text, plan.msg, plan.proc, pid)
+        if plan.level:
+            self.saw_level = True  # vLLM's 'LEVEL mm-dd hh:mm:ss [file:line]' or uvicorn's prefix
+        if plan.v2:
+            self.v2_banner = True
+        elif plan.loading_4dp is not None:
+            self.loading_4dp = plan.loading_4dp
+        if self.ready_line is None and collector.facts.reached_ready:
+            self.ready_line = no
+        wrapper = self._clue(no, text, plan)
+        if plan.dated:
+            if self.first_stamp is None:
+                self._stamp(text)
+            else:
+                self.stamp_text = text  # read only if an interrupt needs it
+        clues = self.clues
+        if plan.interrupt and clues.interrupt is None:
+            clues.interrupt = Evidence(no, scrub_cut(text, 400))
             if self.stamp_text is not None:
                 self._stamp(self.stamp_text)
             if self.first_stamp is not None and self.last_stamp is not None:
                 self.interrupt_after = (self.last_stamp - self.first_stamp) % 86400
-        if (
-            self._armed()
-            and (wrapper or line.level in ("ERROR", "CRITICAL") or _CUT_ALARM.match(msg))
-            and not _request_level(line)
-        ):
-            self.alarm_after_up = Evidence(line.no, scrub_cut(line.text, 400))
-        exc = _EXCEPTION.match(msg)
-        is_exception = bool(exc) or bool(_FATAL_HINT.search(msg))
-        if exc is not None and not wrapper:
-            self.clues.note_exception(line, msg[exc.end() :].strip())
-        if is_exception and self.first_fatal_line is None:
-            self.first_fatal_line = line.no
-        if is_exception or (
-            line.level in ("ERROR", "CRITICAL") and not msg.startswith(("File ", "^", "~"))
-        ):
-            ev = Evidence(line.no, line.text[: NOTABLE_CUT * 4])
+        if (wrapper or plan.alarm) and not plan.request and self._armed():
+            self.alarm_after_up = Evidence(no, scrub_cut(text, 400))
+        if plan.exception is not None and not wrapper:
+            clues.note_exception(no, text, plan.exception)
+        if plan.fatal and self.first_fatal_line is None:
+            self.first_fatal_line = no
+        if plan.notable:
+            ev = Evidence(no, text[: NOTABLE_CUT * 4])
             if len(self.notable_first) < 4:
                 self.notable_first.append(ev)
             else:
                 self.notable_last.append(ev)
-        matches = self._matches(line)
-        if "Value error, " in msg:
-            self.clues.note_wrapped(line, msg, [r for r, _ in matches])
-        for rule, groups in matches:
+        if plan.wrapped is not None:
+            clues.note_wrapped(no, plan.wrapped)
+        for rule, groups in plan.matches:
             if wrapper and rule.category is Category.CRASH_OTHER:
                 continue  # a wrapper announces a failure; its cause is elsewhere
             hit = self.hits.get(rule.id)
@@ -481,16 +518,51 @@ class _State:
                     rule,
                     groups=dict(groups),
                     # By line number, so lines the prefilter drops make no difference.
-                    context=tuple(t for n, t in self.recent if n >= line.no - CONTEXT_LINES),
+                    context=tuple(t for n, t in self.recent if n >= no - CONTEXT_LINES),
                 )
             else:
                 for key, value in groups.items():
                     hit.groups.setdefault(key, value)
-            self.matched.append((rule.id, groups))
+            self.matched.append(rule.id)
             hit.count += 1
-            if len(hit.evidence) < MAX_EVIDENCE and all(e.line != line.no for e in hit.evidence):
-                hit.evidence.append(Evidence(line.no, line.text[: EVIDENCE_CUT * 4]))
-        self.recent.append((line.no, msg))
+            if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
+                hit.evidence.append(Evidence(no, text[: EVIDENCE_CUT * 4]))
+        self.recent.append((no, plan.msg))
+
+    def _clue(self, no: int, text: str, plan: repeats.Plan) -> bool:
+        """Note a line's clues (verdict.Clues); True for a wrapper or a death (never evidence of a
+        cause)."""
+        clues = self.clues
+        if len(clues.stack) < 3:
+            if plan.lent is repeats._UNREAD:
+                plan.lent = verdict.lent_of(plan.msg)
+            if plan.lent is not None:
+                clues.stack.append((Evidence(no, scrub_cut(text, 400)), plan.lent))
+        frames = self.collector.frames
+        if frames and frames[-1][0] == no:  # a frame (or a part of a split line after one)
+            _, fn, path = frames[-1]
+            entry = (
+                plan.frame_entry if plan.frame is not None else self.knowledge.frame_entry(fn, path)
+            )
+            if entry is not None:
+                clues.frame = (Evidence(no, scrub_cut(text, 400)), entry)
+            return False
+        clue = plan.clue
+        if clue.call is not None:
+            clues.frame = (Evidence(no, scrub_cut(text, 400)), clue.call)
+            return False
+        if clue.method is not None:
+            clues.methods.append((no, clue.method))
+        if clue.death:
+            if len(clues.deaths) < 3:
+                clues.deaths.append(Evidence(no, scrub_cut(text, 400)))
+            return True
+        if clue.wrapper:
+            clues.wrappers.append(Evidence(no, scrub_cut(text, 400)))
+            if clue.raises:
+                clues.raised += 1
+            return True
+        return False
 
     def _armed(self) -> bool:
         """Whether an alarm line now would be a fatal event after the server came up."""
@@ -517,29 +589,9 @@ class _State:
         self.stamp_text = None
         return True
 
-    def _open(self) -> int:
-        """The bounded or one-time clues a line could still add to, as bits (replays keep them)."""
-        if self.open_now < 0:  # only a line fed in full changes them
-            c = self.clues
-            self.open_now = (
-                self._armed()
-                | (c.interrupt is None) << 1
-                | (len(c.stack) < 3) << 2
-                | (len(c.deaths) < 3) << 3
-                | (len(c.wrapped) < verdict.MAX_EXCEPTIONS) << 4
-            )
-        return self.open_now
-
     def _matches(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
-        """The rules whose patterns match this line, with their named groups (cached by text)."""
-        key = (line.msg, line.text) if self._by_line else line.msg
-        found: tuple[tuple[Rule, dict[str, Any]], ...] | None = self._match_cache.get(key)
-        if found is not None:
-            return found
-        found = self._selected(line) if self.fast else self._attempted(line)
-        if len(line.text) <= repeats.MAX_KEY:
-            self._match_cache.remember(key, len(line.text), found)
-        return found
+        """The rules whose patterns match this line, with their named groups."""
+        return self._selected(line) if self.fast else self._attempted(line)
 
     def _attempted(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
         """The reference: every rule with a keyword in the line tries its patterns in turn."""
@@ -639,109 +691,23 @@ class _State:
         """Feed a line once the Splitter has said whether it begins a start."""
         if not self.run_visible:
             self.run_visible = self.splitter.visible(raw)
-        key = repeats.key(raw)
+        key, head, pid, timed = repeats.split(raw)
         # The same fingerprint on both paths: identical starts are merged alike (runs.Runs.repeat).
         self.run_sig = hash(
             (self.run_sig, key if key is not None else raw, no - self.run_first_line)
         )
         plan = self.plans.get(key, _UNSEEN) if self.replay and key is not None else None
-        if (
-            isinstance(plan, repeats.Plan)
-            and plan.reports == self.reports.state(no)
-            # A plan made in an earlier start: its rules' first match in this one is fed in full.
-            and (not plan.rules or all(r in self.hits for r in plan.rules))
-            # Nothing open now that was closed when the plan was made (its effect is the same).
-            and not (self._open() & ~plan.open)
-        ):
-            self._replay(no, raw.rstrip(), plan)
+        if isinstance(plan, repeats.Plan) and plan.reports == self.reports.state(no):
+            text = raw.rstrip() if plan.tail is None else raw[:head] + plan.tail
+            if plan.pid_in_head and pid is not None:
+                self._apply(no, text, plan, int(pid))
+            else:
+                self._apply(no, text, plan, plan.pid)
             return
         line = parse(no, raw)
-        if plan is None or key is None:
-            self.feed(line)
-            return
-        self.plans.remember(key, 2 * len(key), self._observe(line, raw))
-
-    def _reports_state(self, no: int) -> tuple[Any, ...]:
-        return self.reports.state(no)
-
-    def _observe(self, line: Line, raw: str) -> repeats.Plan | None:
-        """Feed `line` and note what it did, when that can be replayed for a repeat."""
-        frames, clues = self.collector.frames, self.clues
-        last_frame = frames[-1] if frames else None
-        clue_state = (clues.frame, len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods))
-        exceptions = len(clues.exceptions)
-        notables = (len(self.notable_first), self.notable_last[-1] if self.notable_last else None)
-        report_lines, report_state = self.reports.lines, self._reports_state(line.no)
-        open_before = self._open()
-        events = self._events()
-        self.matched.clear()
-        self.feed(line)
-        if events != self._events():
-            return None  # an exception, an interrupt, a wrapped message, a fatal line after ready
-        framed = bool(frames) and frames[-1] is not last_frame
-        if line.text != raw.rstrip() or (not framed and self.collector.touches(line.text)):
-            return None  # a fact line, or one a collector prefix or ANSI codes change
-        if self.reports.lines != report_lines or self._reports_state(line.no) != report_state:
-            return None  # a pasted report's line
-        if clue_state[1:] != (len(clues.deaths), tuple(clues.wrappers), tuple(clues.methods)):
-            return None  # a wrapper, a death, a worker's method
-        if len(clues.exceptions) != exceptions:
-            return None  # a new exception message: its first line must stay the evidence
-        entry = None
-        if clues.frame is not clue_state[0]:
-            if not framed or clues.frame is None:
-                return None
-            entry = clues.frame[1]
-        notable = notables != (
-            len(self.notable_first),
-            self.notable_last[-1] if self.notable_last else None,
-        )
-        frame = (frames[-1][1], frames[-1][2]) if framed else None
-        return repeats.Plan(
-            line.msg,
-            frame,
-            entry,
-            notable,
-            tuple(rule_id for rule_id, _ in self.matched),
-            report_state,
-            groups=tuple(groups for _, groups in self.matched),
-            fatal=bool(_EXCEPTION.match(line.msg) or _FATAL_HINT.search(line.msg)),
-            dated=bool(line.level) and _STAMP.search(line.text[:80]) is not None,
-            open=open_before,
-        )
-
-    def _events(self) -> tuple[Any, ...]:
-        c = self.clues
-        return (c.raised, c.interrupt, len(c.wrapped), len(c.stack), self.alarm_after_up)
-
-    def _replay(self, no: int, text: str, plan: repeats.Plan) -> None:
-        """What `feed` does for a repeat of a line whose plan this is, without parsing it."""
-        self.last_no = no
-        if plan.fatal and self.first_fatal_line is None:
-            self.first_fatal_line = no
-        if plan.dated:
-            if self.first_stamp is None:
-                self._stamp(text)
-            else:
-                self.stamp_text = text  # read only if an interrupt needs it
-        if plan.frame is not None:
-            self.collector.add_frame(no, *plan.frame)
-            if plan.frame_entry is not None:
-                self.clues.frame = (Evidence(no, scrub_cut(text, 400)), plan.frame_entry)
-        if plan.notable:
-            ev = Evidence(no, text[: NOTABLE_CUT * 4])
-            if len(self.notable_first) < 4:
-                self.notable_first.append(ev)
-            else:
-                self.notable_last.append(ev)
-        for rule_id, groups in zip(plan.rules, plan.groups, strict=True):
-            hit = self.hits[rule_id]
-            for key, value in groups.items():  # what feeding the line would add
-                hit.groups.setdefault(key, value)
-            hit.count += 1
-            if len(hit.evidence) < MAX_EVIDENCE and all(e.line != no for e in hit.evidence):
-                hit.evidence.append(Evidence(no, text[: EVIDENCE_CUT * 4]))
-        self.recent.append((no, plan.msg))
+        made = self.feed(line)
+        if plan is not None and key is not None:  # a new key, or a plan read in another state
+            self.plans.remember(key, 2 * len(key), _replayable(made, line, raw, head, timed))
 
     # -- server starts (runs.py) -----------------------------------------------------------
     def _ended(self) -> bool:
@@ -870,6 +836,25 @@ def _request_level(line: Line) -> bool:
     if line.level != "ERROR":
         return False
     return bool(_REQUEST_FILE.search(line.text[:200])) and "dead" not in line.msg
+
+
+def _replayable(
+    plan: repeats.Plan | None, line: Line, raw: str, head: int, timed: bool
+) -> repeats.Plan | None:
+    """The plan of `line` (raw line `raw`, its vLLM prefix `head` characters long, with a time or
+    not) with what a repeat needs to rebuild its text and pid, or None where a repeat's plan
+    could differ or its text cannot be rebuilt."""
+    if plan is None:
+        return None
+    if head and (line.proc is None or (timed and line.level is None)):
+        return None  # the prefix not read as one: the message holds its pid or time
+    if line.text != raw.rstrip():  # collector prefixes or ANSI codes cleaned away
+        if not line.text.startswith(raw[:head]):
+            return None
+        plan.tail = line.text[head:]
+    plan.pid_in_head = head > 0 and line.pid is not None
+    plan.pid = line.pid
+    return plan
 
 
 class _Same(dict[str, str]):

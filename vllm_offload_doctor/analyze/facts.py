@@ -394,6 +394,160 @@ def _gib3(text: str | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+# What a line says about the facts: (what, value...) steps that FactCollector.apply takes in
+# order. A pure function of the message and text (never of pid, time or line number), so the
+# engine keeps it with the line's plan and applies it again for a repeat of the line.
+Ops = tuple[tuple[Any, ...], ...]
+
+
+def frame_of(msg: str) -> tuple[str, str] | None:
+    """(function, path) of a traceback frame line."""
+    if ", line " in msg:
+        fm = _FRAME.search(msg)
+        if fm:
+            return fm.group("fn"), fm.group("path")
+    return None
+
+
+def touches(text: str) -> bool:
+    """Whether a line with this text could change a fact other than the traceback frames."""
+    return _fact_words()(text.encode(), 0) is not None
+
+
+def extract(msg: str, text: str) -> Ops:
+    """The steps a line other than a frame takes on the facts (see Ops)."""
+    if not touches(text):
+        return ()  # one scan for every fact word: most lines hold none
+    ops: list[tuple[Any, ...]] = []
+    for phase, _, rx in PHASE_TABLE:
+        if phase and rx.search(msg):
+            ops.append(("phase", phase))
+            break
+    _identity(msg, text, ops)
+    _runner_and_offload(msg, ops)
+    _memory(msg, ops)
+    if _WSL.search(msg):
+        ops.append(("wsl", "pin_memory=False" in msg))
+    if _SERVING_SETUP.match(msg):
+        ops.append(("serving_setup",))
+    if _ENGINE_GONE.search(msg):
+        ops.append(("engine_gone",))
+    if _COPY_OFFLOAD.search(msg):
+        ops.append(("copy_offload",))
+    if _SERVED.search(msg) or _ENGINE_RUNNING.search(msg):
+        ops.append(("served",))
+    if _ENGINE_UP.search(msg):
+        ops.append(("serving_setup",))
+    if _SHUTDOWN.match(msg):
+        ops.append(("shutdown",))
+    return tuple(ops)
+
+
+def _identity(msg: str, text: str, ops: list[tuple[Any, ...]]) -> None:
+    if "ersion" in msg or "LLM engine" in msg or "vllm" in msg:
+        for rx in _VERSION:
+            m = rx.search(msg)
+            if m:
+                ops.append(("version", m.group("v").lstrip("v")))
+                break
+    model = None
+    for rx in _MODEL:
+        m = rx.search(msg)
+        if m:
+            model = m.group("m").strip()  # the last pattern's that matches
+    if model is not None:
+        ops.append(("model", model))
+    m = _ARGS.match(msg)
+    if m:
+        ops.append(("args", _parse_dict(m.group("d")), True))
+        return
+    m = _NAMESPACE.match(msg)
+    if m:
+        ops.append(("args", {k: _literal(v) for k, v in _ns_items(m.group("d"))}, False))
+        return
+    if _ENGINE_CFG.search(msg):
+        ops.append(("cfg", _cfg_items(msg[:MAX_TEXT])))
+        return
+    if _CLI.search(text):
+        args: dict[str, Any] = {}
+        for fm in _CLI_FLAG.finditer(text[:MAX_TEXT]):
+            key = fm.group("k").replace("-", "_")
+            args[key] = _literal(fm.group("v")) if fm.group("v") else True
+        for km in _PY_KW.finditer(text[:MAX_TEXT]):
+            args[km.group("k")] = _literal(km.group("v"))
+        if args:
+            ops.append(("cli", args))
+    m = _PLATFORM.match(msg)
+    if m:
+        ops.append(("platform", m.group("p")))
+
+
+def _runner_and_offload(msg: str, ops: list[tuple[Any, ...]]) -> None:
+    banner = _RUNNER_V2.match(msg) is not None
+    if banner or _RUNNER_V2_LOAD.match(msg):
+        ops.append(("runner", "v2", banner))
+        return
+    if _RUNNER_V1_LOAD.match(msg) or _RUNNER_FALLBACK.match(msg):
+        ops.append(("runner", "v1", False))
+        return
+    m = _OFFLOADER.match(msg)
+    if m:
+        ops.append(("offloader", m.group("c")))
+        return
+    m = _TOTAL.match(msg)
+    if m:
+        ops.append(("total", _num(m.group("g"))))
+        return
+    m = _PREFETCH.match(msg)
+    if m:
+        ops.append(("prefetch", _num(m.group("g"))))
+
+
+def _memory(msg: str, ops: list[tuple[Any, ...]]) -> None:
+    m = _LOADING.match(msg) or _LOADING_OLD.match(msg)
+    if m:
+        new = m.re is _LOADING.rx
+        ops.append(("loading", _num(m.group("g")), new, new and bool(m.group("mem"))))
+        return
+    m = _KV_MEM.match(msg) or _KV_OLD.search(msg)
+    if m:
+        ops.append(("kv_cache_gib", _num(m.group("g"))))
+        return
+    m = _GPU_BLOCKS.search(msg)
+    if m:
+        ops.append(("gpu_blocks", int(m.group("n"))))
+        return
+    m = _KV_TOK.search(msg)
+    if m:
+        tokens = _num(m.group("t"))
+        ops.append(("kv_tokens", int(tokens) if tokens is not None else None))
+        return
+    m = _KV_NEEDED.search(msg)
+    if m:
+        ops.append(("kv_needed", _gib3(m.group("need")), _gib3(m.group("avail"))))
+        return
+    m = _CUDA_OOM.search(msg)
+    if m:
+        tried = None
+        if m.group("tried"):
+            tried = (
+                _gib3(m.group("tried")),
+                _gib3(m.group("tot")),
+                _gib3(m.group("free")),
+                _gib3(m.group("used")),
+            )
+        ops.append(("oom", _gib(m.group("tot")), _gib(m.group("free")), tried))
+        return
+    m = _FREE_ON_DEVICE.search(msg)
+    if m:
+        ops.append(("free", _num(m.group("free")), _num(m.group("tot"))))
+    m = _GPU_NAME.search(msg)
+    if m:
+        ops.append(
+            ("gpu_name", (m.group("a") or m.group("b") or m.group("c") or "").strip() or None)
+        )
+
+
 class FactCollector:
     """Feeds on lines in order; keeps only bounded state."""
 
@@ -412,7 +566,6 @@ class FactCollector:
         self.copy_offload = False
         # The line each number-valued fact came from: evidence for rules that rest on numbers.
         self.number_lines: dict[str, tuple[int, str]] = {}
-        self._touched: tuple[str | None, bool] = (None, False)  # (text, touches(text))
 
     def add_frame(self, no: int, fn: str, path: str) -> None:
         frame = (no, fn, path)
@@ -426,198 +579,134 @@ class FactCollector:
         overlap = len(self.first_frames) + len(self.frames) - self.frames_seen
         return [*self.first_frames, *list(self.frames)[max(0, overlap) :]]
 
-    def touches(self, text: str) -> bool:
-        """Whether a line with this text could change a fact other than the traceback frames."""
-        if text is not self._touched[0]:  # feed asked already for the line the engine asks about
-            self._touched = (text, _fact_words()(text.encode(), 0) is not None)
-        return self._touched[1]
-
     def feed(self, line: Line) -> None:
-        msg = line.msg
+        frame = frame_of(line.msg)
+        if frame is not None:
+            self.add_frame(line.no, *frame)
+            return
+        self.apply(extract(line.msg, line.text), line.no, line.text, line.msg, line.proc, line.pid)
+
+    def apply(
+        self, ops: Ops, no: int, text: str, msg: str, proc: str | None, pid: int | None
+    ) -> None:
+        """Do what `extract` found a line to say, on the facts so far (a line's no, cleaned text,
+        message, process and pid: what `extract` does not read)."""
         f = self.facts
-        if ", line " in msg:
-            fm = _FRAME.search(msg)
-            if fm:
-                self.add_frame(line.no, fm.group("fn"), fm.group("path"))
-                return
-        if not self.touches(line.text):
-            return  # one scan for every fact word: most lines hold none
-        for phase, _, rx in PHASE_TABLE:
-            if phase and rx.search(msg):
+        for op in ops:
+            what = op[0]
+            if what == "phase":
+                phase = op[1]
                 if phase == "ready":
                     f.reached_ready = True
                 if PHASES.index(phase) > PHASES.index(self.phase):
                     self.phase = phase
-                break
-        self._identity(line)
-        self._runner_and_offload(line)
-        self._memory(line)
-        if _WSL.search(msg):
-            f.wsl = True
-            if "pin_memory=False" in msg:
-                f.pin_memory_disabled = True
-        if _SERVING_SETUP.match(msg):
-            self.serving_setup = True
-        if _ENGINE_GONE.search(msg):
-            f.engine_core_failed = True
-        if _COPY_OFFLOAD.search(msg):
-            f.offloader = f.offloader or "copy-per-forward fallback"
-            self.copy_offload = True
-        if _SERVED.search(msg) or _ENGINE_RUNNING.search(msg):
-            self.served_requests += 1
-        if _ENGINE_UP.search(msg):
-            self.serving_setup = True
-        if _SHUTDOWN.match(msg) and f.reached_ready:
-            f.shut_down = True
+            elif what == "version":
+                if f.vllm_version is None:
+                    f.vllm_version = op[1]
+            elif what == "model":
+                if f.model is None:
+                    f.model = op[1]
+            elif what == "args":
+                f.args.update(op[1])
+                if f.model is None and isinstance(op[1].get("model"), str):
+                    f.model = op[1]["model"]
+                if op[2]:
+                    self.args_evidence = (no, scrub_cut(text, 600))
+            elif what == "cfg":
+                self._engine_config(op[1])
+            elif what == "cli":
+                self.cli_args.update(op[1])
+            elif what == "platform":
+                f.platform = op[1]
+            elif what == "runner":
+                # The V2 banner is the telling line: a later "Loading model from scratch" must
+                # not replace it.
+                if op[1] != "v2" or op[2] or f.model_runner not in ("v1", "v2"):
+                    f.model_runner, f.model_runner_evidence = op[1], f"{no}: {msg}"
+            elif what == "offloader":
+                if op[1] != "NoopOffloader" or f.offloader is None:
+                    f.offloader = op[1]
+                self._rank(proc, pid).offloader = op[1]
+            elif what == "total":
+                rank = self._rank(proc, pid)
+                if op[1] is not None:
+                    rank.offloaded_gib = max(rank.offloaded_gib or 0.0, op[1])
+                    f.offloaded_gib = max(f.offloaded_gib or 0.0, op[1])
+            elif what == "prefetch":
+                f.prefetch_saved_gb = op[1]
+                f.offloader = f.offloader or "PrefetchOffloader"
+            elif what == "loading":
+                _, gib, new, says_memory = op
+                if gib is not None:
+                    self._rank(proc, pid).model_loading_gib = gib
+                    f.model_loading_gib = (
+                        gib if f.model_loading_gib is None else max(f.model_loading_gib, gib)
+                    )
+                if new:
+                    f.loading_says_memory = says_memory
+                if new and not says_memory and f.model_runner == "unknown":
+                    # V2 spells it without "memory" in 0.12-0.27.1; V1 did so only up to 0.11.
+                    f.model_runner_evidence = f"{no}: {msg}"
+                    f.model_runner = "v2?"
+            elif what in ("kv_cache_gib", "gpu_blocks"):
+                setattr(f, what, op[1])
+                if what not in self.number_lines:
+                    self.number_lines[what] = (no, scrub_cut(text, 600))
+            elif what == "kv_tokens":
+                f.kv_cache_tokens = op[1]
+            elif what == "kv_needed":
+                f.kv_needed_gib, f.kv_available_gib = op[1], op[2]
+            elif what == "oom":
+                f.gpu_total_gib, f.gpu_free_gib = op[1], op[2]
+                if op[3] is not None:  # the last complete message's figures, to the MiB
+                    f.oom_tried_gib, f.oom_total_gib, f.oom_free_gib, f.oom_in_use_gib = op[3]
+            elif what == "free":
+                f.gpu_free_gib, f.gpu_total_gib = op[1], op[2]
+            elif what == "gpu_name":
+                if f.gpu_name is None:
+                    f.gpu_name = op[1]
+            elif what == "wsl":
+                f.wsl = True
+                if op[1]:
+                    f.pin_memory_disabled = True
+            elif what == "serving_setup":
+                self.serving_setup = True
+            elif what == "engine_gone":
+                f.engine_core_failed = True
+            elif what == "copy_offload":
+                f.offloader = f.offloader or "copy-per-forward fallback"
+                self.copy_offload = True
+            elif what == "served":
+                self.served_requests += 1
+            elif what == "shutdown" and f.reached_ready:
+                f.shut_down = True
 
-    def _identity(self, line: Line) -> None:
-        msg, f = line.msg, self.facts
-        if f.vllm_version is None and ("ersion" in msg or "LLM engine" in msg or "vllm" in msg):
-            for rx in _VERSION:
-                m = rx.search(msg)
-                if m:
-                    f.vllm_version = m.group("v").lstrip("v")
-                    break
-        if f.model is None:
-            for rx in _MODEL:
-                m = rx.search(msg)
-                if m:
-                    f.model = m.group("m").strip()
-        m = _ARGS.match(msg)
-        if m:
-            self._apply_args(_parse_dict(m.group("d")))
-            self.args_evidence = (line.no, scrub_cut(line.text, 600))
-            return
-        m = _NAMESPACE.match(msg)
-        if m:
-            self._apply_args({k: _literal(v) for k, v in _ns_items(m.group("d"))})
-            return
-        if _ENGINE_CFG.search(msg):
-            for k, v in _cfg_items(msg[:MAX_TEXT]):
-                if k == "device_config" and v == "cpu":
-                    f.device_cpu = True
-                elif k == "model" and f.model is None:
-                    f.model = v
-                elif k == "tensor_parallel_size" and f.tensor_parallel_size is None:
-                    f.tensor_parallel_size = int(v) if v.isdigit() else None
-                elif k == "enforce_eager" and f.enforce_eager is None:
-                    f.enforce_eager = v == "True"
-                elif k == "dtype" and f.dtype is None:
-                    f.dtype = v.replace("torch.", "")
-                elif k == "max_seq_len" and f.max_model_len is None and v.isdigit():
-                    f.max_model_len = int(v)
-            return
-        if _CLI.search(line.text):
-            args: dict[str, Any] = {}
-            for fm in _CLI_FLAG.finditer(line.text[:MAX_TEXT]):
-                key = fm.group("k").replace("-", "_")
-                args[key] = _literal(fm.group("v")) if fm.group("v") else True
-            for km in _PY_KW.finditer(line.text[:MAX_TEXT]):
-                args[km.group("k")] = _literal(km.group("v"))
-            if args:
-                self.cli_args.update(args)
-        m = _PLATFORM.match(msg)
-        if m:
-            f.platform = m.group("p")
-
-    def _apply_args(self, args: dict[str, Any]) -> None:
+    def _engine_config(self, items: tuple[tuple[str, str], ...]) -> None:
         f = self.facts
-        f.args.update(args)
-        if f.model is None and isinstance(args.get("model"), str):
-            f.model = args["model"]
+        for k, v in items:
+            if k == "device_config" and v == "cpu":
+                f.device_cpu = True
+            elif k == "model" and f.model is None:
+                f.model = v
+            elif k == "tensor_parallel_size" and f.tensor_parallel_size is None:
+                f.tensor_parallel_size = int(v) if v.isdigit() else None
+            elif k == "enforce_eager" and f.enforce_eager is None:
+                f.enforce_eager = v == "True"
+            elif k == "dtype" and f.dtype is None:
+                f.dtype = v.replace("torch.", "")
+            elif k == "max_seq_len" and f.max_model_len is None and v.isdigit():
+                f.max_model_len = int(v)
 
-    def _runner_and_offload(self, line: Line) -> None:
-        msg, f = line.msg, self.facts
-        if _RUNNER_V2.match(msg) or _RUNNER_V2_LOAD.match(msg):
-            # The banner is the telling line: a later "Loading model from scratch" must not replace it.
-            if _RUNNER_V2.match(msg) or f.model_runner not in ("v1", "v2"):
-                f.model_runner, f.model_runner_evidence = "v2", f"{line.no}: {msg}"
-            return
-        if _RUNNER_V1_LOAD.match(msg) or _RUNNER_FALLBACK.match(msg):
-            f.model_runner, f.model_runner_evidence = "v1", f"{line.no}: {msg}"
-            return
-        m = _OFFLOADER.match(msg)
-        if m:
-            cls = m.group("c")
-            if cls != "NoopOffloader" or f.offloader is None:
-                f.offloader = cls
-            self._rank(line).offloader = cls
-            return
-        m = _TOTAL.match(msg)
-        if m:
-            gib = _num(m.group("g"))
-            rank = self._rank(line)
-            if gib is not None:
-                rank.offloaded_gib = max(rank.offloaded_gib or 0.0, gib)
-                f.offloaded_gib = max(f.offloaded_gib or 0.0, gib)
-            return
-        m = _PREFETCH.match(msg)
-        if m:
-            f.prefetch_saved_gb = _num(m.group("g"))
-            f.offloader = f.offloader or "PrefetchOffloader"
-
-    def _memory(self, line: Line) -> None:
-        msg, f = line.msg, self.facts
-        m = _LOADING.match(msg) or _LOADING_OLD.match(msg)
-        if m:
-            gib = _num(m.group("g"))
-            if gib is not None:
-                self._rank(line).model_loading_gib = gib
-                f.model_loading_gib = (
-                    gib if f.model_loading_gib is None else max(f.model_loading_gib, gib)
-                )
-            if m.re is _LOADING.rx:
-                f.loading_says_memory = bool(m.group("mem"))
-            if m.re is _LOADING.rx and not m.group("mem") and f.model_runner == "unknown":
-                # V2 spells it without "memory" in 0.12-0.27.1; V1 did so only up to 0.11.
-                f.model_runner_evidence = f"{line.no}: {msg}"
-                f.model_runner = "v2?"
-            return
-        m = _KV_MEM.match(msg) or _KV_OLD.search(msg)
-        if m:
-            f.kv_cache_gib = _num(m.group("g"))
-            self.number_lines.setdefault("kv_cache_gib", (line.no, scrub_cut(line.text, 600)))
-            return
-        m = _GPU_BLOCKS.search(msg)
-        if m:
-            f.gpu_blocks = int(m.group("n"))
-            self.number_lines.setdefault("gpu_blocks", (line.no, scrub_cut(line.text, 600)))
-            return
-        m = _KV_TOK.search(msg)
-        if m:
-            tokens = _num(m.group("t"))
-            f.kv_cache_tokens = int(tokens) if tokens is not None else None
-            return
-        m = _KV_NEEDED.search(msg)
-        if m:
-            f.kv_needed_gib, f.kv_available_gib = _gib3(m.group("need")), _gib3(m.group("avail"))
-            return
-        m = _CUDA_OOM.search(msg)
-        if m:
-            f.gpu_total_gib = _gib(m.group("tot"))
-            f.gpu_free_gib = _gib(m.group("free"))
-            if m.group("tried"):  # the last complete message's figures, to the MiB
-                f.oom_tried_gib, f.oom_total_gib = _gib3(m.group("tried")), _gib3(m.group("tot"))
-                f.oom_free_gib, f.oom_in_use_gib = _gib3(m.group("free")), _gib3(m.group("used"))
-            return
-        m = _FREE_ON_DEVICE.search(msg)
-        if m:
-            f.gpu_free_gib = _num(m.group("free"))
-            f.gpu_total_gib = _num(m.group("tot"))
-        m = _GPU_NAME.search(msg)
-        if m and f.gpu_name is None:
-            f.gpu_name = (m.group("a") or m.group("b") or m.group("c") or "").strip() or None
-
-    def _rank(self, line: Line) -> RankOffload:
+    def _rank(self, proc: str | None, pid: int | None) -> RankOffload:
         # Names like Worker_TP1 or "VllmWorker rank=3" identify a rank; Ray/V0 workers need the pid.
-        key = line.proc or "main"
-        if line.pid is not None and not any(ch.isdigit() for ch in key) and key != "EngineCore":
-            key = f"{key} pid={line.pid}"
+        key = proc or "main"
+        if pid is not None and not any(ch.isdigit() for ch in key) and key != "EngineCore":
+            key = f"{key} pid={pid}"
         rank = self.facts.ranks.get(key)
         if rank is None:
             if len(self.facts.ranks) >= 64:
                 return RankOffload(key)
-            rank = self.facts.ranks[key] = RankOffload(key, line.pid)
+            rank = self.facts.ranks[key] = RankOffload(key, pid)
         return rank
 
     def _merge_ranks(self) -> None:

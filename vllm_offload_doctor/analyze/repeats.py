@@ -1,18 +1,18 @@
 """Lines that repeat an earlier one but for pid and time: a crash-looping pod's log.
 
 A pod that restarts prints the same start-up and traceback again and again, with new pids and
-timestamps. The first time a line is seen, the engine processes it in full and notes what it
-did (a plan). A later line with the same key, when the plan says that line only appends to
-bounded line-number lists (a traceback frame, a notable error line, a rule hit's evidence),
-is replayed from the plan without parsing or matching it again. Lines that set facts, name a
-wrapper or a death are processed in full every time, so the result is the same either way.
+timestamps. The engine reads each line in two steps: what the line says (its Plan: the facts it
+sets, its frame, its clues, the rules it matches), a function of its text without pid and time,
+and what that does to the state so far. The first time a line is seen its plan is made and
+kept under the line's key; a later line with the same key is applied from the kept plan,
+without parsing or matching it again. Both go through the same update (engine._State._apply),
+so the result is the same either way.
 """
 
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 # vLLM's record prefix: process and pid, then (when logged) level, date and time.
@@ -27,12 +27,19 @@ MEMO_CHARS = 2_000_000  # characters of distinct lines remembered (the least rec
 
 def key(raw: str) -> str | None:
     """The line without its pid and time (the whole line when it has no vLLM prefix)."""
+    return split(raw)[0]
+
+
+def split(raw: str) -> tuple[str | None, int, str | None, bool]:
+    """(key, where the vLLM prefix ends (0 without one), its pid, whether it holds a time)."""
     if len(raw) > MAX_KEY:
-        return None
+        return None, 0, None, False
     m = _HEAD.match(raw)
     if m is None:
-        return raw
-    return f"{m.group('proc')}\0{m.group('level') or ''}\0{raw[m.end() :]}"
+        return raw, 0, None, False
+    level = m.group("level")
+    key = f"{m.group('proc')}\0{level or ''}\0{raw[m.end() :]}"
+    return key, m.end(), m.group("pid"), level is not None
 
 
 class Memo:
@@ -65,18 +72,41 @@ class Memo:
         return len(self.entries)
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What processing a line did, replayable for a later line with the same key."""
+_UNREAD: Any = object()  # a Plan's stack entry, until a line asks for it
 
-    msg: str
-    frame: tuple[str, str] | None  # (function, path) appended to the collector's frames
-    frame_entry: Any  # the knowledge's frame entry the clues noted for it, or None
-    notable: bool  # listed among the notable lines
-    rules: tuple[str, ...]  # ids of the rules whose patterns matched
-    reports: tuple[Any, ...]  # the pasted-report reader's state it was seen in
-    # What a later start (its own state, see runs.py) needs to replay it as feeding it would.
-    fatal: bool = False  # an exception or a fatal hint: the start's first fatal line
-    dated: bool = False  # a vLLM time stamp (the start's first time)
-    open: int = 0  # engine._State._open when it was seen (bits): what it did not add to
-    groups: tuple[dict[str, Any], ...] = ()  # the named groups of each rule's match, in order
+
+class Plan:
+    """What a line says, whatever the state (made by engine._State._classify): a function of its
+    key, applied again for a later line with the same key."""
+
+    __slots__ = ("alarm", "clue", "dated", "exception", "facts", "fatal", "frame", "frame_entry",
+                 "interrupt", "lent", "level", "loading_4dp", "matches", "msg", "notable", "pid",
+                 "pid_in_head", "proc", "reports", "request", "tail", "v2", "wrapped")  # fmt: skip
+
+    def __init__(self, msg: str, proc: str | None, reports: tuple[Any, ...]) -> None:
+        self.msg = msg
+        self.proc = proc  # the line's process (a fact's rank)
+        self.reports = reports  # the pasted-report reader's state it was read in (not a report)
+        # The line's text is the raw line's, stripped (None), else its prefix and this.
+        self.tail: str | None = None
+        self.pid: int | None = None  # the line's pid where it is not the prefix's
+        self.pid_in_head = False
+        self.level = False  # a log level
+        self.frame: tuple[str, str] | None = None  # a traceback frame: (function, path)
+        self.frame_entry: Any = None  # the knowledge's entry for that frame
+        self.facts: tuple[tuple[Any, ...], ...] = ()  # facts.Ops
+        self.v2 = False  # 'Using V2 Model Runner'
+        self.loading_4dp: bool | None = None  # 'Model loading took' with four decimals, or not
+        self.clue: Any = None  # verdict.Clue (not for a frame)
+        self.lent: Any = _UNREAD  # the stack catalogue's entry for the message, read once asked
+        self.dated = False  # a vLLM time stamp
+        self.interrupt = False  # Ctrl+C
+        self.alarm = False  # an ERROR/CRITICAL level, or such a prefix cut off
+        self.request = False  # an ERROR about one request
+        self.exception: str | None = None  # an exception's message, after `Class: `
+        self.fatal = False  # an exception or a fatal hint
+        self.notable = False  # listed among the notable lines
+        self.matches: tuple[tuple[Any, dict[str, Any]], ...] = ()  # (rule, named groups)
+        self.wrapped: tuple[str, tuple[str, ...]] | None = (
+            None  # 'Value error, ...': verdict.wrapped_of
+        )

@@ -51,7 +51,6 @@ from vllm_offload_doctor.analyze.model import (
     Severity,
     Verdict,
 )
-from vllm_offload_doctor.analyze.normalize import Line
 from vllm_offload_doctor.analyze.patterns import declare
 from vllm_offload_doctor.analyze.raises import MIN_LITERAL, RaiseMap
 from vllm_offload_doctor.analyze.rules import (
@@ -942,60 +941,68 @@ class Clues:
     # pydantic's 'Value error, <inner>' lines: (line, inner message, ids of other rules it matched)
     wrapped: list[tuple[int, str, tuple[str, ...]]] = field(default_factory=list)
 
-    def note_wrapped(self, line: Line, msg: str, rules: Sequence[Rule]) -> None:
+    def note_wrapped(self, no: int, wrapped: tuple[str, tuple[str, ...]]) -> None:
         if len(self.wrapped) < MAX_EXCEPTIONS:
-            inner = msg.split("Value error, ", 1)[1].split(" [type=", 1)[0].strip()
-            others = tuple(
-                r.id
-                for r in rules
-                if r.id != PYDANTIC_RULE and r.category is not Category.CRASH_OTHER
-            )
-            self.wrapped.append((line.no, inner, others))
+            self.wrapped.append((no, *wrapped))
 
-    def note_exception(self, line: Line, text: str) -> None:
+    def note_exception(self, no: int, text: str, said: str) -> None:
+        """An exception line (`text`) whose message after `Class: ` is `said`."""
         self.raised += 1
-        if len(self.exceptions) < MAX_EXCEPTIONS and len(text) >= MIN_LITERAL:
-            self.exceptions.setdefault(text, Evidence(line.no, scrub_cut(line.text, 600)))
+        if (
+            len(self.exceptions) < MAX_EXCEPTIONS
+            and len(said) >= MIN_LITERAL
+            and said not in self.exceptions
+        ):
+            self.exceptions[said] = Evidence(no, scrub_cut(text, 600))
 
-    def feed(self, line: Line, know: Knowledge, frames: Sequence[tuple[int, str, str]]) -> bool:
-        """Record what `line` tells; True for a wrapper or a death (never evidence of a cause)."""
-        msg = line.msg
-        if len(self.stack) < 3:
-            from vllm_offload_doctor.analyze.stack import builtin_stack
 
-            lent = builtin_stack().find(msg) if builtin_stack().may_hold(msg) else None
-            if lent is not None:
-                self.stack.append((Evidence(line.no, scrub_cut(line.text, 400)), lent))
-        if frames and frames[-1][0] == line.no:
-            _, fn, path = frames[-1]
-            entry = know.frame_entry(fn, path)
+def wrapped_of(msg: str, rules: Sequence[Rule]) -> tuple[str, tuple[str, ...]]:
+    """A 'Value error, <inner>' line's inner message, and the ids of the other rules it matched
+    that name a cause (`rules`: those whose patterns match it)."""
+    inner = msg.split("Value error, ", 1)[1].split(" [type=", 1)[0].strip()
+    others = tuple(
+        r.id for r in rules if r.id != PYDANTIC_RULE and r.category is not Category.CRASH_OTHER
+    )
+    return inner, others
+
+
+def lent_of(msg: str) -> Any:
+    """The stack catalogue's entry for a library message (stack.py), or None."""
+    catalogue = stack.builtin_stack()
+    return catalogue.find(msg) if catalogue.may_hold(msg) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Clue:
+    """What a line other than a traceback frame tells the clues: a function of its message alone
+    (the engine keeps it with the line's plan; Clues are updated from it for every repeat)."""
+
+    call: FrameEntry | None = None  # the call site of a mapped function (`fn(`)
+    method: str | None = None  # 'while processing method X': the worker's method
+    death: bool = False  # the engine died without an exception (killed, exit -9, ...)
+    wrapper: bool = False  # wraps a cause and is never evidence of one
+    raises: bool = False  # a wrapper quoting its cause: 'failed to start: ImportError(...)'
+
+
+NO_CLUE = Clue()
+
+
+def read_clue(msg: str, know: Knowledge) -> Clue:
+    """The Clue of a line's message (a frame line's clue is its frame's entry instead)."""
+    if "(" in msg:
+        m = know.call_pattern.match(msg)
+        if m:
+            entry = know.call_entry(m.group("fn"))
             if entry is not None:
-                self.frame = (Evidence(line.no, scrub_cut(line.text, 400)), entry)
-            return False
-        if "(" in msg:
-            m = know.call_pattern.match(msg)
-            if m:
-                entry = know.call_entry(m.group("fn"))
-                if entry is not None:
-                    self.frame = (Evidence(line.no, scrub_cut(line.text, 400)), entry)
-                    return False
-        if "while processing method" in msg:
-            m = _METHOD.search(msg)
-            if m:
-                self.methods.append((line.no, m.group(1)))
-        if any(k in msg for k in know.death_keywords) and know.deaths.search(msg):
-            # A death (killed, exit -9, Ray's ActorDiedError) says the process is gone, not why.
-            if len(self.deaths) < 3:
-                self.deaths.append(Evidence(line.no, scrub_cut(line.text, 400)))
-            return True
-        wrapped = (
-            know.wrappers.search(msg) if any(k in msg for k in know.wrapper_keywords) else None
-        )
-        if wrapped:
-            self.wrappers.append(Evidence(line.no, scrub_cut(line.text, 400)))
-            if _REPR.search(msg[wrapped.end() :]):
-                self.raised += (
-                    1  # 'failed to start: ImportError(...)': the wrapper quotes its cause
-                )
-            return True
-        return False
+                return Clue(call=entry)
+    method = None
+    if "while processing method" in msg:
+        m = _METHOD.search(msg)
+        if m:
+            method = m.group(1)
+    if any(k in msg for k in know.death_keywords) and know.deaths.search(msg):
+        return Clue(method=method, death=True)
+    wrapped = know.wrappers.search(msg) if any(k in msg for k in know.wrapper_keywords) else None
+    if wrapped:
+        return Clue(method=method, wrapper=True, raises=bool(_REPR.search(msg[wrapped.end() :])))
+    return NO_CLUE if method is None else Clue(method=method)
