@@ -613,6 +613,7 @@ class _State:
         Hyperscan's scan leaves (patterns.rule_selector), each on RE2's bytes (Bounded.groups)."""
         found: tuple[tuple[Rule, dict[str, Any]], ...] = ()
         msg, text = line.msg, line.text
+        data = {"message": msg.encode()}
         if self._selectors is None:
             self._matched_lines += 1
             if self._matched_lines >= INDEX_AFTER:  # many lines: worth compiling
@@ -627,24 +628,22 @@ class _State:
             ]
         else:
             by_msg, by_line = self._selectors
-            chosen = by_msg(msg.encode()) if by_msg is not None else []
+            chosen = by_msg(data["message"]) if by_msg is not None else []
             if by_line is not None:
-                chosen = sorted([*chosen, *by_line(text.encode())])
-        data: dict[str, tuple[str, bytes]] = {}
+                data["line"] = text.encode()
+                chosen = sorted([*chosen, *by_line(data["line"])])
         for i, tried in chosen:
             rule = self.matching[i]
-            where = rule.where
-            if where not in data:
-                full = text if where == "line" else msg
-                cut = full[:MAX_TEXT]
-                data[where] = (cut, cut.encode())
-            cut, raw = data[where]
+            full = text if rule.where == "line" else msg
+            if len(full) > MAX_TEXT:  # the patterns see its start
+                cut, raw = full[:MAX_TEXT], full[:MAX_TEXT].encode()
+            else:
+                cut = full
+                raw = data.get(rule.where) or data.setdefault(rule.where, full.encode())
             for n in tried:
                 groups, gave_up = rule.patterns[n].groups(cut, raw)
                 if gave_up:
-                    self.gave_up.setdefault(
-                        rule.id, (line.no, len(text if where == "line" else msg))
-                    )
+                    self.gave_up.setdefault(rule.id, (line.no, len(full)))
                 if groups is not None:
                     found += ((rule, groups),)
                     break

@@ -345,21 +345,37 @@ def _rule_selector(
     def on(found: int, _from: int, _to: int, _flags: int, _ctx: Any) -> None:
         seen.append(found)
 
-    def select(data: bytes) -> Selected:
-        seen.clear()
-        db.scan(data, match_event_handler=on)
-        hit = {g for w in seen if w < n_words for g in owners[w]}
+    def choose(plain: bool, found: list[int]) -> Selected:
+        hit = {g for w in found if w < n_words for g in owners[w]}
         if not hit:
             return []
-        if not _plain(data):
+        if not plain:
             return [(g, every[g]) for g in sorted(hit)]
         tried: dict[int, list[int]] = {g: list(always[g]) for g in hit}
-        for n in seen:
+        for n in found:
             if n >= n_words:
                 g, i = where[n - n_words]
                 if g in tried:
                     tried[g].append(i)
         return [(g, sorted(tried[g])) for g in sorted(hit) if tried[g]]
+
+    # The choice for each set of hits: lines of one shape (a million exception lines) hit the
+    # same words and patterns. A few thousand shapes at most are kept.
+    chosen: dict[tuple[Any, ...], Selected] = {}
+
+    def select(data: bytes) -> Selected:
+        seen.clear()
+        db.scan(data, match_event_handler=on)
+        if not seen:
+            return []
+        plain = _plain(data)
+        shape = (plain, *seen)
+        found = chosen.get(shape)
+        if found is None:
+            found = choose(plain, seen)
+            if len(chosen) < 4096:
+                chosen[shape] = found
+        return found
 
     return select
 
