@@ -3,7 +3,6 @@ does, the C binary check what the per-byte count said."""
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -98,11 +97,11 @@ def test_the_pattern_memo_keeps_a_repeated_line_while_new_ones_come(
 
     monkeypatch.setattr(patterns, "MEMO_TEXTS", 4)
     monkeypatch.setattr(patterns, "_SEARCHED", OrderedDict())
-    d = patterns.Declared(re.compile("x"), ("x",), False, False)
-    patterns._memo(patterns._SEARCHED, d, "x repeated")
+    b = patterns.Bounded("x")
+    b.search("x repeated")
     for i in range(10):
-        patterns._memo(patterns._SEARCHED, d, f"x new {i}")
-        patterns._memo(patterns._SEARCHED, d, "x repeated")  # a crash loop's line, seen again
+        b.search(f"x new {i}")
+        b.search("x repeated")  # a crash loop's line, seen again
     assert "x repeated" in patterns._SEARCHED and len(patterns._SEARCHED) == 4
 
 

@@ -50,10 +50,12 @@ class Declared:
         return None
 
     def search(self, text: str) -> re.Match[str] | None:
-        return _memo(_SEARCHED, self, text)
+        t = self._gate(text)
+        return None if t is None else self.rx.search(t)
 
     def match(self, text: str) -> re.Match[str] | None:
-        return _memo(_MATCHED, self, text)
+        t = self._gate(text)
+        return None if t is None else self.rx.match(t)
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         t = self._gate(text)
@@ -63,8 +65,8 @@ class Declared:
         return f"Declared({self.rx.pattern!r}, words={self.words!r})"
 
 
-# Results per text, so a line that repeats (a crash loop prints the same start-up and traceback
-# again and again) is matched once: text -> {pattern: match}. A size-capped LRU, and pure.
+# Bounded results per text, so a pattern that gave up on a text (its timeout) does not spend it
+# again on a repeat: text -> {pattern: match}. A size-capped LRU, and pure.
 _SEARCHED: OrderedDict[str, dict[Any, Any]] = OrderedDict()  # text -> {pattern: match or None}
 _MATCHED: OrderedDict[str, dict[Any, Any]] = OrderedDict()
 MEMO_TEXTS = 1024
@@ -78,25 +80,6 @@ def _results(memo: OrderedDict[str, dict[Any, Any]], text: str) -> dict[Any, Any
     results: dict[Any, Any] = {}
     memo[text] = results
     return results
-
-
-def _memo(memo: OrderedDict[str, dict[Any, Any]], d: Declared, text: str) -> re.Match[str] | None:
-    t = d._gate(text)
-    if t is None:  # no word of the pattern: cheaper to tell than to look up (nor remembered)
-        return None
-    results = memo.get(text)
-    if results is None:
-        if len(text) > MEMO_TEXT_LEN:
-            return d.rx.search(t) if memo is _SEARCHED else d.rx.match(t)
-        results = _results(memo, text)
-    else:
-        memo.move_to_end(text)
-    if d in results:
-        known: re.Match[str] | None = results[d]
-        return known
-    found = d.rx.search(t) if memo is _SEARCHED else d.rx.match(t)
-    results[d] = found
-    return found
 
 
 _DECLARED: list[Declared] = []
@@ -484,11 +467,11 @@ class Bounded:
         match's non-empty named groups: (None when it does not match, True when it gave up).
 
         RE2 runs on the bytes through its matcher: the wrapper's Match object converts every
-        offset between bytes and characters and builds the group index on each call. Not
-        memoised: the engine keeps a line's results by its text.
+        offset between bytes and characters and builds the group index on each call. RE2's
+        answer is not memoised (the engine keeps a line's plan); `regex`'s is, as `search`'s.
         """
         if self._match is None:
-            found = self._run_once(True, text, DEFAULT_TIMEOUT_S)
+            found = self._run(True, text, DEFAULT_TIMEOUT_S)
             if found is _GAVE_UP:
                 return None, True
             return (
