@@ -610,7 +610,8 @@ class _State:
 
     def _selected(self, line: Line) -> tuple[tuple[Rule, dict[str, Any]], ...]:
         """What `_attempted` finds, trying fewer patterns: after INDEX_AFTER lines only those
-        Hyperscan's scan leaves (patterns.rule_selector), each on RE2's bytes (Bounded.groups)."""
+        Hyperscan's scan leaves (patterns.rule_selector), on RE2's bytes (Bounded.groups) unless
+        Hyperscan's match is enough."""
         found: tuple[tuple[Rule, dict[str, Any]], ...] = ()
         msg, text = line.msg, line.text
         data = {"message": msg.encode()}
@@ -622,7 +623,7 @@ class _State:
             if not self._rule_words(text.encode(), 0):
                 return found
             chosen: Selected = [
-                (i, self._every[i])
+                (i, self._every[i], ())
                 for i, rule in enumerate(self.matching)
                 if any(k in (text if rule.where == "line" else msg) for k in rule.keywords)
             ]
@@ -632,7 +633,7 @@ class _State:
             if by_line is not None:
                 data["line"] = text.encode()
                 chosen = sorted([*chosen, *by_line(data["line"])])
-        for i, tried in chosen:
+        for i, tried, sure in chosen:
             rule = self.matching[i]
             full = text if rule.where == "line" else msg
             if len(full) > MAX_TEXT:  # the patterns see its start
@@ -641,6 +642,9 @@ class _State:
                 cut = full
                 raw = data.get(rule.where) or data.setdefault(rule.where, full.encode())
             for n in tried:
+                if n in sure:  # Hyperscan matched it, and it names no group
+                    found += ((rule, {}),)
+                    break
                 groups, gave_up = rule.patterns[n].groups(cut, raw)
                 if gave_up:
                     self.gave_up.setdefault(rule.id, (line.no, len(full)))

@@ -15,7 +15,7 @@ import functools
 import re
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any
 
 # A vLLM record longer than this (a huge `non-default args` dict) is read from its start only.
@@ -255,26 +255,30 @@ def _block_scanner(words: tuple[tuple[str, bool], ...]) -> Scan | None:
     return scan
 
 
-Selected = list[tuple[int, Sequence[int]]]
+# (group, the indexes of the patterns to try in order, those of them sure to match)
+Selected = list[tuple[int, Sequence[int], Container[int]]]
 
 
 def rule_selector(
     groups: Sequence[tuple[Sequence[str], Sequence[Bounded]]],
 ) -> Callable[[bytes], Selected] | None:
     """For a text in UTF-8: the groups (a rule's keywords and patterns each) holding one of their
-    keywords, in order, each with the indexes of the patterns that may match it, in order. One
-    Hyperscan scan for every keyword and pattern instead of a RE2 search per pattern.
+    keywords, in order, each with the indexes of the patterns that may match it, in order, and
+    those sure to. One Hyperscan scan for every keyword and pattern instead of a RE2 search per
+    pattern.
 
     A pattern left out matches nowhere in the text, so trying only the others (with RE2, for the
-    groups) finds the same first match. Hyperscan's regexes agree with RE2's on plain text only
-    (ASCII without a newline or vertical tab: `\\s`, `$`, case folding and `.` differ beyond it),
-    at most MAX_TEXT bytes long (the patterns see no more); for any other text every pattern
-    of the groups holding a keyword is returned. A pattern Hyperscan cannot compile, one with
-    non-ASCII characters, or one RE2 cannot run (it runs under a timeout: the reference tries
-    it) is always returned. None without Hyperscan.
+    groups) finds the same first match; one Hyperscan matched that has no named groups needs no
+    RE2 at all. Hyperscan's regexes agree with RE2's on plain text only (ASCII without a newline
+    or vertical tab: `\\s`, `$`, case folding and `.` differ beyond it), at most MAX_TEXT bytes
+    long (the patterns see no more); for any other text every pattern of the groups holding a
+    keyword is returned, none sure. A pattern Hyperscan cannot compile, one with non-ASCII
+    characters, or one RE2 cannot run (it runs under a timeout: the reference tries it) is
+    always returned, never sure. None without Hyperscan.
     """
     key = tuple(
-        (tuple(words), tuple((p.pattern, p.linear) for p in patterns)) for words, patterns in groups
+        (tuple(words), tuple((p.pattern, p.linear, bool(p.rx.groupindex)) for p in patterns))
+        for words, patterns in groups
     )
     return _rule_selector(key)
 
@@ -290,7 +294,7 @@ def _plain(data: bytes) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def _rule_selector(
-    groups: tuple[tuple[tuple[str, ...], tuple[tuple[str, bool], ...]], ...],
+    groups: tuple[tuple[tuple[str, ...], tuple[tuple[str, bool, bool], ...]], ...],
 ) -> Callable[[bytes], Selected] | None:
     words = sorted({w for ws, _ in groups for w in ws})
     if not words:
@@ -302,12 +306,12 @@ def _rule_selector(
     owners = [[g for g, (ws, _) in enumerate(groups) if w in ws] for w in words]
     # Every byte escaped: a keyword is a literal whatever it holds (a NUL ends a C string).
     exprs = [b"".join(b"\\x%02x" % c for c in w.encode()) for w in words]
-    where: list[tuple[int, int]] = []  # (group, pattern) of each pattern expression
+    where: list[tuple[int, int, bool]] = []  # (group, pattern, named groups) of each pattern
     always: list[list[int]] = [[] for _ in groups]
     for g, (_, patterns) in enumerate(groups):
-        for i, (pattern, linear) in enumerate(patterns):
+        for i, (pattern, linear, named) in enumerate(patterns):
             if linear and pattern.isascii():
-                where.append((g, i))
+                where.append((g, i, named))
                 exprs.append(_GROUP_NAME.sub(r"\1(", pattern).encode())
             else:
                 always[g].append(i)
@@ -317,7 +321,7 @@ def _rule_selector(
         return None
     db, refused = db
     for n in refused:
-        g, i = where[n - len(words)]
+        g, i, _ = where[n - len(words)]
         always[g].append(i)
     for a in always:
         a.sort()
@@ -333,14 +337,17 @@ def _rule_selector(
         if not hit:
             return []
         if not plain:
-            return [(g, every[g]) for g in sorted(hit)]
+            return [(g, every[g], ()) for g in sorted(hit)]
         tried: dict[int, list[int]] = {g: list(always[g]) for g in hit}
+        sure: dict[int, set[int]] = {g: set() for g in hit}
         for n in found:
             if n >= n_words:
-                g, i = where[n - n_words]
+                g, i, named = where[n - n_words]
                 if g in tried:
                     tried[g].append(i)
-        return [(g, sorted(tried[g])) for g in sorted(hit) if tried[g]]
+                    if not named:
+                        sure[g].add(i)
+        return [(g, sorted(tried[g]), frozenset(sure[g])) for g in sorted(hit) if tried[g]]
 
     # The choice for each set of hits: lines of one shape (a million exception lines) hit the
     # same words and patterns. A few thousand shapes at most are kept.
