@@ -434,7 +434,7 @@ class _State:
         read from its message and text, never from its pid, time or number."""
         msg, text, level = line.msg, line.text, line.level
         plan = repeats.Plan(msg, line.proc, self.reports.state(line.no))
-        plan.level = level is not None
+        plan.level = level
         plan.frame = frame_of(msg)
         if plan.frame is not None:
             plan.frame_entry = self.knowledge.frame_entry(*plan.frame)
@@ -448,12 +448,9 @@ class _State:
             if m:
                 plan.loading_4dp = len(m.group(1) or "") == 4
         error = level in ("ERROR", "CRITICAL")
-        plan.dated = plan.level and _STAMP.search(text[:80]) is not None
+        plan.dated = level is not None and _STAMP.search(text[:80]) is not None
         plan.interrupt = bool(_INTERRUPT.search(msg) or text.startswith("^C"))
         plan.alarm = error or bool(_CUT_ALARM.match(msg))
-        clue = plan.clue
-        if plan.alarm or (clue is not None and (clue.death or clue.wrapper)):
-            plan.request = _request_level(line)
         exc = _EXCEPTION.match(msg)
         if exc is not None:
             plan.exception = msg[exc.end() :].strip()
@@ -495,7 +492,11 @@ class _State:
                 self._stamp(self.stamp_text)
             if self.first_stamp is not None and self.last_stamp is not None:
                 self.interrupt_after = (self.last_stamp - self.first_stamp) % 86400
-        if (wrapper or plan.alarm) and not plan.request and self._armed():
+        if (
+            (wrapper or plan.alarm)
+            and self._armed()
+            and not _request_level(plan.level, text, plan.msg)
+        ):
             self.alarm_after_up = Evidence(no, scrub_cut(text, 400))
         if plan.exception is not None and not wrapper:
             clues.note_exception(no, text, plan.exception)
@@ -834,11 +835,11 @@ _REQUEST_FILE = re.compile(
 )
 
 
-def _request_level(line: Line) -> bool:
+def _request_level(level: str | None, text: str, msg: str) -> bool:
     """An ERROR about one request (a 4xx, a bad prompt) is the server working, not dying."""
-    if line.level != "ERROR":
+    if level != "ERROR":
         return False
-    return bool(_REQUEST_FILE.search(line.text[:200])) and "dead" not in line.msg
+    return bool(_REQUEST_FILE.search(text[:200])) and "dead" not in msg
 
 
 def _replayable(

@@ -81,7 +81,7 @@ class Plan:
 
     __slots__ = ("alarm", "clue", "dated", "exception", "facts", "fatal", "frame", "frame_entry",
                  "interrupt", "lent", "level", "loading_4dp", "matches", "msg", "notable", "pid",
-                 "pid_in_head", "proc", "reports", "request", "tail", "v2", "wrapped")  # fmt: skip
+                 "pid_in_head", "proc", "reports", "tail", "v2", "wrapped")  # fmt: skip
 
     def __init__(self, msg: str, proc: str | None, reports: tuple[Any, ...]) -> None:
         self.msg = msg
@@ -91,7 +91,7 @@ class Plan:
         self.tail: str | None = None
         self.pid: int | None = None  # the line's pid where it is not the prefix's
         self.pid_in_head = False
-        self.level = False  # a log level
+        self.level: str | None = None  # the log level
         self.frame: tuple[str, str] | None = None  # a traceback frame: (function, path)
         self.frame_entry: Any = None  # the knowledge's entry for that frame
         self.facts: tuple[tuple[Any, ...], ...] = ()  # facts.Ops
@@ -102,7 +102,6 @@ class Plan:
         self.dated = False  # a vLLM time stamp
         self.interrupt = False  # Ctrl+C
         self.alarm = False  # an ERROR/CRITICAL level, or such a prefix cut off
-        self.request = False  # an ERROR about one request
         self.exception: str | None = None  # an exception's message, after `Class: `
         self.fatal = False  # an exception or a fatal hint
         self.notable = False  # listed among the notable lines

@@ -92,28 +92,14 @@ class StackMap:
             ((m, _core(m.template), _text_pattern(m.template)) for m in texts),
             key=lambda t: -len(t[1]),
         )
-        # Substrings one of which every line that can match holds: most messages are exception
-        # lines ('...Error'), the rest are tested by their own literal core.
-        triggers = {"rror", "[Errno"}
-        for m in named:
-            if "rror" not in m.name:
-                triggers.add(m.name)
-        for _m, core, _rx in self.texts:
-            if "rror" not in core:
-                triggers.add(core[:12])  # shared heads ('requires the') make one test
-        self.triggers = tuple(sorted(triggers))
-        self._triggers = span_finder(literal_matcher([(t, False) for t in self.triggers]))
-        # Every name and literal core in one scan: a message holding none (most exception lines)
-        # needs no name search nor a test per core.
+        # Every name and literal core in one scan: a message holding none (most lines, most
+        # exception lines too) needs no name search nor a test per core.
         words = {(n, False) for n in self.by_name} | {(core, False) for _m, core, _rx in self.texts}
         self._words = (
             span_finder(literal_matcher(sorted(words)))
             if words and all(w for w, _ in words)
             else None
         )
-
-    def may_hold(self, msg: str) -> bool:
-        return self._triggers(msg.encode(), 0) is not None
 
     def find(self, msg: str) -> Lent | None:
         if "[Errno" in msg:

@@ -968,8 +968,7 @@ def wrapped_of(msg: str, rules: Sequence[Rule]) -> tuple[str, tuple[str, ...]]:
 
 def lent_of(msg: str) -> Any:
     """The stack catalogue's entry for a library message (stack.py), or None."""
-    catalogue = stack.builtin_stack()
-    return catalogue.find(msg) if catalogue.may_hold(msg) else None
+    return stack.builtin_stack().find(msg)
 
 
 @dataclass(frozen=True, slots=True)
