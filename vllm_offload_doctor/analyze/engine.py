@@ -372,6 +372,21 @@ class _State:
         self._matched_lines = 0  # lines matched against the rules so far
         self._selectors: tuple[Any, ...] | None = None  # _make_selectors, after INDEX_AFTER lines
         self._every = [tuple(range(len(r.patterns))) for r in self.matching]
+        # Each keyword once with the rules it names, for the message rules and the line rules.
+        self._owners: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {
+            where: tuple(
+                (
+                    k,
+                    tuple(
+                        i
+                        for i, r in enumerate(self.matching)
+                        if r.where == where and k in r.keywords
+                    ),
+                )
+                for k in sorted({k for r in self.matching if r.where == where for k in r.keywords})
+            )
+            for where in ("message", "line")
+        }
         self.plans = repeats.Memo()  # key -> Plan, or None: always fed in full (a pasted report)
         self.matched: list[str] = []  # rule ids matched by the line being fed
         self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
@@ -620,14 +635,13 @@ class _State:
             self._matched_lines += 1
             if self._matched_lines >= INDEX_AFTER:  # many lines: worth compiling
                 self._selectors = self._make_selectors()
-        if not self._selectors:  # RE2 only: one scan for all keywords, then each rule's
+        if not self._selectors:  # RE2 only: one scan for all keywords, then each keyword
             if not self._rule_words(text.encode(), 0):
                 return found
-            chosen: Selected = [
-                (i, self._every[i], ())
-                for i, rule in enumerate(self.matching)
-                if any(k in (text if rule.where == "line" else msg) for k in rule.keywords)
-            ]
+            hit = {i for k, rules in self._owners["message"] if k in msg for i in rules}
+            if self._owners["line"]:
+                hit.update(i for k, rules in self._owners["line"] if k in text for i in rules)
+            chosen: Selected = [(i, self._every[i], ()) for i in sorted(hit)]
         else:
             by_msg, by_line = self._selectors
             chosen = by_msg(data["message"]) if by_msg is not None else []
