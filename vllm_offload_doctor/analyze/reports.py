@@ -143,7 +143,8 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # Every shape is anchored at the start (tests/analyze/test_reports.py checks): one match of their
 # alternation finds the first shape in order that matches, as trying them in turn does.
-_ANY_SHAPE = re.compile("|".join(f"({rx.pattern})" for _, rx in _SHAPES))
+# (The leading ^ lets a search, too, try the start only.)
+_ANY_SHAPE = re.compile("^(?:" + "|".join(f"({rx.pattern})" for _, rx in _SHAPES) + ")")
 
 
 def _shape_groups() -> dict[int, str]:
