@@ -113,8 +113,9 @@ def test_a_crash_loop_applied_from_plans_is_what_feeding_it_gives(log: Path) -> 
 
 # A start whose workers print the same lines under their own pids (a fact's rank is per pid for
 # Ray's workers), lines cleaned before they are read (ANSI after the vLLM prefix, a compose
-# prefix, a stray CR), a record cut off after its time (its message holds the time), fact lines
-# of every kind, and a Ctrl+C that reads the last time.
+# prefix, a stray CR), records without a process prefix (V0's, or after a compose prefix) whose
+# times differ, records cut off after their time (the message holds the time), fact lines of
+# every kind, and a Ctrl+C that reads the last time.
 CRAFTED = """\
 (APIServer pid=11) INFO 12-02 10:00:00 [api_server.py:1] vLLM API server version 0.25.1
 (APIServer pid=11) INFO 12-02 10:00:00 [utils.py:1] non-default args: {'model': '/m', 'cpu_offload_gb': 4}
@@ -130,6 +131,15 @@ vllm-1  | INFO 12-02 10:00:04 [kv_cache_utils.py:1] Available KV cache memory: 3
 (APIServer pid=11) INFO 12-02 10:00:06 [launcher.py:1] Application startup complete.
 (EngineCore pid=31) INFO 12-02 10:00:06 [gpu_model_runner.py:
 (EngineCore pid=31) INFO 12-02 10:00:07 [gpu_model_runner.py:
+WARNING 12-02 10:00:06 cut off
+WARNING 12-02 10:00:07 cut off
+INFO 12-02 10:00:06 worker.py:267] Memory profiling takes 3.25 seconds
+INFO 12-02 10:00:07 worker.py:267] Memory profiling takes 3.25 seconds
+INFO 12-02 10:00:07 executor_base.py:111] # cuda blocks: 4681, # CPU blocks: 4681
+vllm-1  | ERROR 12-02 10:00:07 [core.py:390] \x1b[31mAssertionError: CPU tensor must be pinned\x1b[0m
+vllm-1  | ERROR 12-02 10:00:08 [core.py:390] \x1b[31mAssertionError: CPU tensor must be pinned\x1b[0m
+vllm-1  | ERROR 12-02 10:00:08 [core.py:390] RuntimeError: tensor not pinned
+vllm-1  | ERROR 12-02 10:00:09 [core.py:390] RuntimeError: tensor not pinned
 (RayWorkerWrapper pid=21) ERROR 12-02 10:00:07 [worker.py:1] \x1b[31mRuntimeError: worker failed\x1b[0m
 (RayWorkerWrapper pid=22) ERROR 12-02 10:00:07 [worker.py:1] \x1b[31mRuntimeError: worker failed\x1b[0m
 vllm-1  | ValueError: compose worker failed\r
@@ -149,7 +159,7 @@ def test_crafted_repeats_applied_from_plans_are_what_feeding_them_gives() -> Non
     assert _agree(lines) > len(lines) // 2
 
 
-@pytest.mark.parametrize("mistake", ["text", "pid", "time in the message"])
+@pytest.mark.parametrize("mistake", ["text", "pid", "time in the message", "record"])
 def test_the_crafted_repeats_catch_a_plan_that_rebuilds_its_line_wrongly(
     mistake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -157,15 +167,21 @@ def test_the_crafted_repeats_catch_a_plan_that_rebuilds_its_line_wrongly(
     # message would show.
     real = analyze._replayable
 
-    def careless(plan: Any, line: Any, raw: str, head: int, timed: bool) -> Any:
-        plan = real(plan, line, raw, head, timed and mistake != "time in the message")
+    def careless(
+        plan: Any, line: Any, raw: str, start: int, end: int, prefix: bool, timed: bool
+    ) -> Any:
+        if mistake == "time in the message":
+            prefix = False
+        plan = real(plan, line, raw, start, end, prefix, timed)
         if plan is not None and mistake == "text":
-            plan.tail = None
+            plan.tail, plan.start = None, 0
         elif plan is not None and mistake == "pid":
             plan.pid_in_head = False
         return plan
 
     monkeypatch.setattr(analyze, "_replayable", careless)
+    if mistake == "record":  # a record cut off after its time taken as read
+        monkeypatch.setattr(analyze, "_recorded", lambda line: True)
     lines = crash_loop(CRAFTED, 4)
     assert _fed(lines, replay=True) != _fed(lines, replay=False)
 

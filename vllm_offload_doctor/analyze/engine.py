@@ -56,6 +56,7 @@ _STAMP = re.compile(r"\b(?:\d\d-\d\d|\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)\b"
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 CONTEXT_LINES = 12
 _UNSEEN = object()
+_WHOLE = object()  # a plan kept under the whole line's key (engine._State.feed_started)
 _NUL_HOLE = re.compile("\0{16,}")
 HYPERSCAN_BLOCK = 1 << 20  # a block this big is scanned with Hyperscan, when installed
 # Lines matched against the rules before their patterns are compiled into one Hyperscan scan
@@ -709,14 +710,17 @@ class _State:
         """Feed a line once the Splitter has said whether it begins a start."""
         if not self.run_visible:
             self.run_visible = self.splitter.visible(raw)
-        key, head, pid, timed = repeats.split(raw)
+        key, known, start, end, pid, timed = repeats.split(raw)
         # The same fingerprint on both paths: identical starts are merged alike (runs.Runs.repeat).
         self.run_sig = hash(
             (self.run_sig, key if key is not None else raw, no - self.run_first_line)
         )
-        plan = self.plans.get(key, _UNSEEN) if self.replay and key is not None else None
+        plan = self.plans.get(known, _UNSEEN) if self.replay and known is not None else None
+        if plan is _WHOLE:  # its record is not read as one: its plan is the whole line's
+            known, start, end = key, 0, 0
+            plan = self.plans.get(key, _UNSEEN)
         if isinstance(plan, repeats.Plan) and plan.reports == self.reports.state(no):
-            text = raw.rstrip() if plan.tail is None else raw[:head] + plan.tail
+            text = raw[plan.start :].rstrip() if plan.tail is None else raw[start:end] + plan.tail
             if plan.pid_in_head and pid is not None:
                 self._apply(no, text, plan, int(pid))
             else:
@@ -724,8 +728,12 @@ class _State:
             return
         line = parse(no, raw)
         made = self.feed(line)
-        if plan is not None and key is not None:  # a new key, or a plan read in another state
-            self.plans.remember(key, 2 * len(key), _replayable(made, line, raw, head, timed))
+        if plan is not None and known is not None:  # a new key, or a plan read in another state
+            if known is not key and not _recorded(line):
+                self.plans.remember(known, 2 * len(raw), _WHOLE)
+                known, start, end = key, 0, 0
+            made = _replayable(made, line, raw, start, end, known is key and end > 0, timed)
+            self.plans.remember(known, 2 * len(raw), made)
 
     # -- server starts (runs.py) -----------------------------------------------------------
     def _ended(self) -> bool:
@@ -856,21 +864,36 @@ def _request_level(level: str | None, text: str, msg: str) -> bool:
     return bool(_REQUEST_FILE.search(text[:200])) and "dead" not in msg
 
 
+def _recorded(line: Line) -> bool:
+    """Whether a line whose record (level and time, no process prefix) repeats.split found was
+    read as one: its message then holds no time."""
+    return line.level is not None and line.proc is None
+
+
 def _replayable(
-    plan: repeats.Plan | None, line: Line, raw: str, head: int, timed: bool
+    plan: repeats.Plan | None,
+    line: Line,
+    raw: str,
+    start: int,
+    end: int,
+    prefix: bool,
+    timed: bool,
 ) -> repeats.Plan | None:
-    """The plan of `line` (raw line `raw`, its vLLM prefix `head` characters long, with a time or
-    not) with what a repeat needs to rebuild its text and pid, or None where a repeat's plan
-    could differ or its text cannot be rebuilt."""
+    """The plan of `line` with what a repeat needs to rebuild its text and pid, or None where a
+    repeat's plan could differ or its text cannot be rebuilt. `raw`: the raw line, whose
+    raw[start:end] its plan's key leaves out (repeats.split): a process `prefix`, with a time or
+    not (`timed`), or a record's level and time (read as one: _recorded)."""
     if plan is None:
         return None
-    if head and (line.proc is None or (timed and line.level is None)):
+    if prefix and (line.proc is None or (timed and line.level is None)):
         return None  # the prefix not read as one: the message holds its pid or time
-    if line.text != raw.rstrip():  # collector prefixes or ANSI codes cleaned away
-        if not line.text.startswith(raw[:head]):
-            return None
-        plan.tail = line.text[head:]
-    plan.pid_in_head = head > 0 and line.pid is not None
+    if line.text == raw[start:].rstrip():
+        plan.start = start
+    elif line.text.startswith(raw[start:end]):  # collector prefixes or ANSI codes cleaned away
+        plan.tail = line.text[end - start :]
+    else:
+        return None
+    plan.pid_in_head = end > 0 and line.pid is not None
     plan.pid = line.pid
     return plan
 

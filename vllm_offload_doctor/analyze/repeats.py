@@ -30,16 +30,28 @@ def key(raw: str) -> str | None:
     return split(raw)[0]
 
 
-def split(raw: str) -> tuple[str | None, int, str | None, bool]:
-    """(key, where the vLLM prefix ends (0 without one), its pid, whether it holds a time)."""
+# A record's level and time where no process prefix comes first (V0's records, or records after a
+# collector's prefix): a plan's key leaves its time out too.
+_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? ")
+RECORD_WITHIN = 200  # characters of a line looked at for such a record's start
+
+
+def split(raw: str) -> tuple[str | None, Any, int, int, str | None, bool]:
+    """(key, the key of its plan, where the prefix left out starts and ends, the prefix's pid,
+    whether it holds a time). The plan's key is the key but for a line whose record (level and
+    time) comes without a process prefix: (what comes before the record, level, what follows
+    it); `key` itself keeps such a line whole, as starts are told apart by it (runs.py)."""
     if len(raw) > MAX_KEY:
-        return None, 0, None, False
+        return None, None, 0, 0, None, False
     m = _HEAD.match(raw)
     if m is None:
-        return raw, 0, None, False
+        r = _RECORD.search(raw, 0, RECORD_WITHIN)
+        if r is None:
+            return raw, raw, 0, 0, None, False
+        return raw, (raw[: r.start()], r.group(1), raw[r.end() :]), r.start(), r.end(), None, True
     level = m.group("level")
     key = f"{m.group('proc')}\0{level or ''}\0{raw[m.end() :]}"
-    return key, m.end(), m.group("pid"), level is not None
+    return key, key, 0, m.end(), m.group("pid"), level is not None
 
 
 class Memo:
@@ -81,13 +93,15 @@ class Plan:
 
     __slots__ = ("alarm", "clue", "dated", "exception", "facts", "fatal", "frame", "frame_entry",
                  "interrupt", "lent", "level", "loading_4dp", "matches", "msg", "notable", "pid",
-                 "pid_in_head", "proc", "reports", "tail", "v2", "wrapped")  # fmt: skip
+                 "pid_in_head", "proc", "reports", "start", "tail", "v2", "wrapped")  # fmt: skip
 
     def __init__(self, msg: str, proc: str | None, reports: tuple[Any, ...]) -> None:
         self.msg = msg
         self.proc = proc  # the line's process (a fact's rank)
         self.reports = reports  # the pasted-report reader's state it was read in (not a report)
-        # The line's text is the raw line's, stripped (None), else its prefix and this.
+        # The line's text: the raw line's from `start`, stripped (tail None), else the left out
+        # prefix (split) and the tail.
+        self.start = 0
         self.tail: str | None = None
         self.pid: int | None = None  # the line's pid where it is not the prefix's
         self.pid_in_head = False
