@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.analyze import logread, recall, repeats, reports, runs, verdict
-from vllm_offload_doctor.analyze.facts import FactCollector, extract, frame_of
+from vllm_offload_doctor.analyze.facts import FactCollector, Ops, extract, frame_of
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
     Analysis,
@@ -449,33 +449,44 @@ class _State:
         """What a line that is not a pasted report's says, whatever the state (see repeats.py):
         read from its message and text, never from its pid, time or number."""
         msg, text, level = line.msg, line.text, line.level
-        plan = repeats.Plan(msg, line.proc, self.reports.state(line.no))
-        plan.level = level
-        plan.frame = frame_of(msg)
-        if plan.frame is not None:
-            plan.frame_entry = self.knowledge.frame_entry(*plan.frame)
+        frame = frame_of(msg)
+        facts: Ops = ()
+        if frame is not None:
+            entry, clue = self.knowledge.frame_entry(*frame), None
         else:
-            plan.facts = extract(msg, text)
-            plan.clue = verdict.read_clue(msg, self.knowledge)
-        if msg.startswith("Using V2 Model Runner"):
-            plan.v2 = True
-        elif msg.startswith("Model loading took "):
+            entry, facts, clue = None, extract(msg, text), verdict.read_clue(msg, self.knowledge)
+        v2 = msg.startswith("Using V2 Model Runner")
+        loading_4dp = None
+        if not v2 and msg.startswith("Model loading took "):
             m = _LOADING_NUMBER.match(msg)
             if m:
-                plan.loading_4dp = len(m.group(1) or "") == 4
+                loading_4dp = len(m.group(1) or "") == 4
         error = level in ("ERROR", "CRITICAL")
-        plan.dated = level is not None and _STAMP.search(text[:80]) is not None
-        plan.interrupt = bool(_INTERRUPT.search(msg) or text.startswith("^C"))
-        plan.alarm = error or bool(_CUT_ALARM.match(msg))
         exc = _EXCEPTION.match(msg)
-        if exc is not None:
-            plan.exception = msg[exc.end() :].strip()
-        plan.fatal = exc is not None or _FATAL_HINT.search(msg) is not None
-        plan.notable = plan.fatal or (error and not msg.startswith(("File ", "^", "~")))
-        plan.matches = self._matches(line)
-        if "Value error, " in msg:
-            plan.wrapped = verdict.wrapped_of(msg, [r for r, _ in plan.matches])
-        return plan
+        fatal = exc is not None or _FATAL_HINT.search(msg) is not None
+        matches = self._matches(line)
+        return repeats.Plan(
+            msg,
+            line.proc,
+            self.reports.state(line.no),
+            level,
+            frame,
+            entry,
+            facts,
+            clue,
+            v2,
+            loading_4dp,
+            dated=level is not None and _STAMP.search(text[:80]) is not None,
+            interrupt=bool(_INTERRUPT.search(msg) or text.startswith("^C")),
+            alarm=error or bool(_CUT_ALARM.match(msg)),
+            exception=None if exc is None else msg[exc.end() :].strip(),
+            fatal=fatal,
+            notable=fatal or (error and not msg.startswith(("File ", "^", "~"))),
+            matches=matches,
+            wrapped=(
+                verdict.wrapped_of(msg, [r for r, _ in matches]) if "Value error, " in msg else None
+            ),
+        )
 
     def _apply(self, no: int, text: str, plan: repeats.Plan, pid: int | None) -> None:
         """What a line says (its plan) done to the state so far: line `no`, cleaned text `text`,
@@ -649,8 +660,12 @@ class _State:
             if by_line is not None:
                 data["line"] = text.encode()
                 chosen = sorted([*chosen, *by_line(data["line"])])
+        matching = self.matching
         for i, tried, sure in chosen:
-            rule = self.matching[i]
+            rule = matching[i]
+            if tried[0] in sure:  # Hyperscan matched the first to try, and it names no group
+                found += ((rule, {}),)
+                continue
             full = text if rule.where == "line" else msg
             if len(full) > MAX_TEXT:  # the patterns see its start
                 cut, raw = full[:MAX_TEXT], full[:MAX_TEXT].encode()

@@ -95,31 +95,49 @@ class Plan:
                  "interrupt", "lent", "level", "loading_4dp", "matches", "msg", "notable", "pid",
                  "pid_in_head", "proc", "reports", "start", "tail", "v2", "wrapped")  # fmt: skip
 
-    def __init__(self, msg: str, proc: str | None, reports: tuple[Any, ...]) -> None:
+    def __init__(
+        self,
+        msg: str,
+        proc: str | None,
+        reports: tuple[Any, ...],
+        level: str | None,
+        frame: tuple[str, str] | None,
+        frame_entry: Any,
+        facts: tuple[tuple[Any, ...], ...],
+        clue: Any,
+        v2: bool,
+        loading_4dp: bool | None,
+        dated: bool,
+        interrupt: bool,
+        alarm: bool,
+        exception: str | None,
+        fatal: bool,
+        notable: bool,
+        matches: tuple[tuple[Any, dict[str, Any]], ...],
+        wrapped: tuple[str, tuple[str, ...]] | None,
+    ) -> None:
         self.msg = msg
         self.proc = proc  # the line's process (a fact's rank)
         self.reports = reports  # the pasted-report reader's state it was read in (not a report)
+        self.level = level  # the log level
+        self.frame = frame  # a traceback frame: (function, path)
+        self.frame_entry = frame_entry  # the knowledge's entry for that frame
+        self.facts = facts  # facts.Ops
+        self.clue = clue  # verdict.Clue (not for a frame)
+        self.v2 = v2  # 'Using V2 Model Runner'
+        self.loading_4dp = loading_4dp  # 'Model loading took' with four decimals, or not
+        self.dated = dated  # a vLLM time stamp
+        self.interrupt = interrupt  # Ctrl+C
+        self.alarm = alarm  # an ERROR/CRITICAL level, or such a prefix cut off
+        self.exception = exception  # an exception's message, after `Class: `
+        self.fatal = fatal  # an exception or a fatal hint
+        self.notable = notable  # listed among the notable lines
+        self.matches = matches  # (rule, named groups) of the rules whose patterns match
+        self.wrapped = wrapped  # 'Value error, ...': verdict.wrapped_of
+        self.lent: Any = _UNREAD  # the stack catalogue's entry for the message, read once asked
         # The line's text: the raw line's from `start`, stripped (tail None), else the left out
-        # prefix (split) and the tail.
+        # prefix (repeats.split) and the tail; its pid, where it is not the prefix's.
         self.start = 0
         self.tail: str | None = None
-        self.pid: int | None = None  # the line's pid where it is not the prefix's
+        self.pid: int | None = None
         self.pid_in_head = False
-        self.level: str | None = None  # the log level
-        self.frame: tuple[str, str] | None = None  # a traceback frame: (function, path)
-        self.frame_entry: Any = None  # the knowledge's entry for that frame
-        self.facts: tuple[tuple[Any, ...], ...] = ()  # facts.Ops
-        self.v2 = False  # 'Using V2 Model Runner'
-        self.loading_4dp: bool | None = None  # 'Model loading took' with four decimals, or not
-        self.clue: Any = None  # verdict.Clue (not for a frame)
-        self.lent: Any = _UNREAD  # the stack catalogue's entry for the message, read once asked
-        self.dated = False  # a vLLM time stamp
-        self.interrupt = False  # Ctrl+C
-        self.alarm = False  # an ERROR/CRITICAL level, or such a prefix cut off
-        self.exception: str | None = None  # an exception's message, after `Class: `
-        self.fatal = False  # an exception or a fatal hint
-        self.notable = False  # listed among the notable lines
-        self.matches: tuple[tuple[Any, dict[str, Any]], ...] = ()  # (rule, named groups)
-        self.wrapped: tuple[str, tuple[str, ...]] | None = (
-            None  # 'Value error, ...': verdict.wrapped_of
-        )
