@@ -186,6 +186,18 @@ def test_the_crafted_repeats_catch_a_plan_that_rebuilds_its_line_wrongly(
     assert _fed(lines, replay=True) != _fed(lines, replay=False)
 
 
+def test_a_plan_is_kept_from_a_lines_second_sight() -> None:
+    # Most lines of an error-dense log never come again: keeping theirs only cost memory.
+    engine = analyze.default_engine()
+    state = analyze._State(engine.rules, engine.knowledge, engine.visible, engine.fast)
+    line = "(EngineCore pid=7) ERROR 12-02 10:00:00 [core.py:1] RuntimeError: boom 1f"
+    known = repeats.split(line)[1]
+    state.feed_raw(1, line)
+    assert state.plans.get(known) is None
+    state.feed_raw(2, line.replace("pid=7", "pid=8"))
+    assert isinstance(state.plans.get(known), repeats.Plan)
+
+
 def test_a_pasted_report_line_is_fed_in_full_every_time() -> None:
     # Its reading depends on the reports read before it, so no plan is kept for it.
     engine = analyze.default_engine()
@@ -193,5 +205,5 @@ def test_a_pasted_report_line_is_fed_in_full_every_time() -> None:
     prompt = "$ vllm serve /m --cpu-offload-gb 4"
     for no in (1, 2):
         state.feed_raw(no, prompt)
-    assert state.plans.get(repeats.key(prompt)) is None
+    assert state.plans.entries[repeats.key(prompt)][1] is None
     assert json.loads(_fed([prompt] * 3, True)[1]) == json.loads(_fed([prompt] * 3, False)[1])

@@ -56,6 +56,7 @@ _STAMP = re.compile(r"\b(?:\d\d-\d\d|\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)\b"
 declare_words("ERROR", "CRITICAL")  # notable lines go by their level
 CONTEXT_LINES = 12
 _UNSEEN = object()
+SEEN_BITS = 1 << 20  # a bitmap of the keys seen once (128 KiB)
 _WHOLE = object()  # a plan kept under the whole line's key (engine._State.feed_started)
 _NUL_HOLE = re.compile("\0{16,}")
 HYPERSCAN_BLOCK = 1 << 20  # a block this big is scanned with Hyperscan, when installed
@@ -389,6 +390,7 @@ class _State:
             for where in ("message", "line")
         }
         self.plans = repeats.Memo()  # key -> Plan, or None: always fed in full (a pasted report)
+        self._seen_keys: bytearray | None = None  # _again's bitmap
         self.matched: list[str] = []  # rule ids matched by the line being fed
         self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
         self.saw_level = False
@@ -743,12 +745,26 @@ class _State:
             return
         line = parse(no, raw)
         made = self.feed(line)
+        if plan is _UNSEEN and not self._again(known):
+            return  # a line seen once is not kept: most never come again
         if plan is not None and known is not None:  # a new key, or a plan read in another state
             if known is not key and not _recorded(line):
                 self.plans.remember(known, 2 * len(raw), _WHOLE)
                 known, start, end = key, 0, 0
             made = _replayable(made, line, raw, start, end, known is key and end > 0, timed)
             self.plans.remember(known, 2 * len(raw), made)
+
+    def _again(self, key: Any) -> bool:
+        """Whether a key was seen before (as far as a bitmap of their hashes tells: a collision
+        only keeps a plan one line early)."""
+        if self._seen_keys is None:
+            self._seen_keys = bytearray(SEEN_BITS >> 3)
+        h = hash(key) & (SEEN_BITS - 1)
+        bit = 1 << (h & 7)
+        if self._seen_keys[h >> 3] & bit:
+            return True
+        self._seen_keys[h >> 3] |= bit
+        return False
 
     # -- server starts (runs.py) -----------------------------------------------------------
     def _ended(self) -> bool:
