@@ -31,7 +31,7 @@ from vllm_offload_doctor.analyze.patterns import (
     span_finder,
 )
 from vllm_offload_doctor.analyze.rules import Rule, load_rules
-from vllm_offload_doctor.analyze.verdict import EVIDENCE_CUT, MAX_EVIDENCE, NOTABLE_CUT
+from vllm_offload_doctor.analyze.verdict import EVIDENCE_CUT, FRAME_CUT, MAX_EVIDENCE, NOTABLE_CUT
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.redact import scrub_cut
 
@@ -575,11 +575,11 @@ class _State:
                 plan.frame_entry if plan.frame is not None else self.knowledge.frame_entry(fn, path)
             )
             if entry is not None:
-                clues.frame = (Evidence(no, scrub_cut(text, 400)), entry)
+                clues.frame = ((no, text[: FRAME_CUT * 4]), entry)
             return False
         clue = plan.clue
         if clue.call is not None:
-            clues.frame = (Evidence(no, scrub_cut(text, 400)), clue.call)
+            clues.frame = ((no, text[: FRAME_CUT * 4]), clue.call)
             return False
         if clue.method is not None:
             clues.methods.append((no, clue.method))

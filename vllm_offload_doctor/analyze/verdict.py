@@ -69,7 +69,7 @@ STACK_PRECEDENCE = 44  # a library message: below the failing frame and vLLM's o
 MAX_EVIDENCE = 5
 # Evidence and notable lines are masked only when a start is judged (scrub_cut reads 4x the cut):
 # a crash loop's merged starts never pay for it.
-EVIDENCE_CUT, NOTABLE_CUT = 600, 400
+EVIDENCE_CUT, NOTABLE_CUT, FRAME_CUT = 600, 400, 400
 
 
 class Hit(Protocol):
@@ -339,10 +339,11 @@ def frame_finding(
     """A finding from the failing frame, explained by the rule its map entry names."""
     if clues.frame is None:
         return None
-    evidence, entry = clues.frame
+    (line, text), entry = clues.frame
     rule = _rule(rules, entry.rule)
     if rule is None:
         return None
+    evidence = Evidence(line, scrub_cut(text, FRAME_CUT))
     shown = [evidence] if exception is None else sorted([evidence, exception], key=lambda e: e.line)
     where = f"The failing frame lies in {entry.id.replace('-', ' ')} code ({entry.source.split(';')[0]}). "
     return rule_finding(
@@ -925,7 +926,9 @@ MAX_EXCEPTIONS = 16
 class Clues:
     """Bounded clues gathered while lines stream past."""
 
-    frame: tuple[Evidence, FrameEntry] | None = None  # innermost mapped frame seen last
+    # The innermost mapped frame seen last: its line, unmasked (masked when judged: a traceback
+    # names many mapped frames, the last one counts), and its entry.
+    frame: tuple[tuple[int, str], FrameEntry] | None = None
     deaths: list[Evidence] = field(default_factory=list)
     wrappers: deque[Evidence] = field(default_factory=lambda: deque(maxlen=2))
     # 'Exception in worker X while processing method load_model': the phase of a worker failure.
