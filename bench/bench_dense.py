@@ -17,7 +17,7 @@ For each, in one run: `grep -F -c -f WORDS FILE` with the engine's prefilter wor
 baseline), `offload-doctor analyze --format json FILE` (wall time, MB/s, peak RSS) and the
 ratio analyze/grep (issue 17's goal: >= 0.5).
 
-    python bench/bench_dense.py [--size-mb 64] [--keep] [--corpus DIR] [--only identical|varied]
+    python bench/bench_dense.py [--size-mb 64] [--keep] [--corpus DIR] [--only identical|copies]
 """
 
 from __future__ import annotations
