@@ -456,3 +456,20 @@ def test_verdict_stable_under_collector_prefix_and_crlf(
     again = analyze_bytes(changed)
     assert again is not None
     assert _outcome(again) == _outcome(plain), (name, collectors, ends)
+
+
+@pytest.mark.parametrize("place", [p for p in PLACES if " {v}" in p or "= {v}" in p])
+@pytest.mark.parametrize("kind", ["api_key_arg", "bearer"])
+def test_a_forced_cut_never_parts_a_secret_from_its_name(place: str, kind: str) -> None:
+    # Found by test_long_crafted_lines_through_the_cli: a 280 KB line of `password: <key> ...`
+    # was cut at the blank after `password:`, and the next piece began with the bare key.
+    from vllm_offload_doctor.redact import scrub_text
+
+    value = SECRETS[kind]
+    planted = place.format(v=value)
+    before = planted.index(value)  # the name and the blanks before the value
+    # The value starts just past MAX_LINE: the last blank before the cap is the name's.
+    line = "y" * (logread.MAX_LINE - before + 3) + " " + planted + " tail"
+    pieces = logread._bound_lines(line.encode()).decode().split("\n")
+    assert len(pieces) == 2
+    assert all(value not in scrub_text(p) and value[-12:] not in scrub_text(p) for p in pieces)

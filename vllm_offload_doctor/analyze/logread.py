@@ -458,11 +458,38 @@ SOFT_CUT = 4096  # how far back a forced cut looks for a blank
 
 def _soft_cut(data: bytes, pos: int) -> int:
     """Where a line longer than MAX_LINE is cut: after the last blank of its last SOFT_CUT
-    bytes, so a `token=value` is not split into halves that no longer look like a secret
-    (masking runs on each piece); at MAX_LINE when there is none."""
+    bytes at which no secret's value would be parted from its name (masking runs on each
+    piece: `password:` at the end of one and the bare value at the start of the next would
+    hide nothing); at MAX_LINE when there is no blank."""
     end = pos + MAX_LINE
-    blank = max(data.rfind(b" ", end - SOFT_CUT, end), data.rfind(b"\t", end - SOFT_CUT, end))
-    return blank + 1 if blank >= 0 else end
+    lo = end - SOFT_CUT
+    first = -1
+    at = end
+    for _ in range(_CUT_TRIES):
+        blank = max(data.rfind(b" ", lo, at), data.rfind(b"\t", lo, at))
+        if blank < 0:
+            break
+        if first < 0:
+            first = blank
+        if not _OPENS.search(data, max(lo, blank - 512), blank + 1) and not _NAMES.match(
+            data, blank + 1
+        ):
+            return blank + 1
+        at = blank
+    return first + 1 if first >= 0 else end
+
+
+# What a cut must not follow: a name awaiting its value (`key:`, `key =`, `key="`, `Bearer`,
+# `Basic`, a flag), or any value of a multi-valued `--api-key` (redact.py's places) ...
+_OPENS = re.compile(
+    rb"(?:[:=]|&#61;)\s*[\"'`]?\s*$"
+    rb"|(?i:\b(?:bearer|basic|token|digest|negotiate|apikey))[\"'`]?\s*$"
+    rb"|(?:^|\s)[\"'`]?-{1,2}[A-Za-z][\w-]*\s*$"
+    rb"|--api[_-]keys?(?:=|\s{1,3})(?:[^\s'\"]+\s{1,3}){0,32}$"
+)
+# ... nor come before one (`aws_secret_access_key = value` cut before its `=`).
+_NAMES = re.compile(rb"\s*(?:[:=]|&#61;)")
+_CUT_TRIES = 64  # blanks tried; then the last one (a crafted line made only of names)
 
 
 def _bound_lines(data: bytes) -> bytes:
