@@ -111,15 +111,24 @@ _BEARER = re2.compile(r"((?i:\bbearer)\s{1,5})([A-Za-z0-9._~+/=-]{8,})")
 # A value: a word, or one that starts with a single dash (`--api-key -k3J9...`); not `--next`.
 _ARG = r"(?:-[^\s'\"-]|[^\s'\"-])[^\s'\"]*"
 # `--api-key K1 K2 ...`: every value until the next option.
-_MULTI_OPT = re2.compile(rf"(--api[_-]keys?(?:=|\s{{1,3}}))({_ARG}(?:\s{{1,3}}{_ARG}){{0,32}})")
+# Its values hold no `--`: a word like `x=--api-key` starts the next field, whose flag must
+# stay for its own match.
+_LATER_ARG = r"(?:-?[^\s'\"-])+"
+_MULTI_OPT = re2.compile(
+    rf"(--api[_-]keys?(?:=|\s{{1,3}}))({_LATER_ARG}(?:\s{{1,3}}{_LATER_ARG}){{0,32}})"
+)
 _OPT = re2.compile(rf"(--[A-Za-z0-9_-]{{0,40}}?(?i:{_SECRET_WORDS})(?:=|\s{{1,3}}))({_ARG})")
+# A value: a list, a quoted string or a bare word.
+_ONE_VALUE = rf"\[[^\]\n]*\]?|\"[^\"\n\\]*\"?|'[^'\n\\]*'?|`[^`\n]*`?|{_VALUE}"
 _KEY = re2.compile(
     rf"((?i:{_KEY_WORDS}){_QUOTE}?\s{{0,5}}(?:[:=]|&#61;)\s{{0,5}}\\?(?:&quot;|&#3[49];|&apos;|[bB]['\"])?)"
-    # One group for the value (a list, a quoted string or a bare word): fewer group look-ups per
-    # match, which is most of the cost on a line crowded with `token=` pairs.
-    r"(\[[^\]\n]*\]?|\"[^\"\n\\]*\"?|'[^'\n\\]*'?|`[^`\n]*`?"
-    rf"|{_VALUE})"
+    # One group for the value: fewer group look-ups per match, which is most of the cost on a
+    # line crowded with `token=` pairs.
+    rf"({_ONE_VALUE})"
 )
+# Where a value runs into the next field, glued to it (`Bearer <token>--api-key <key>`,
+# `token=VLLM_API_KEY='x'`): a flag, or a secret's name and its operator (see _sub).
+_EMBEDDED = re2.compile(rf"--[A-Za-z]|(?i:{_KEY_WORDS}){_QUOTE}?\s{{0,5}}(?:[:=]|&#61;)")
 # An environment entry spelt as name and value (k8s YAML and JSON, docker inspect):
 # `name: HF_TOKEN, value: X`, `{"name": "HF_TOKEN", "value": "X"}`.
 _ENV_WORDS = rf"(?:{_SECRET_WORDS}|_PAT|_KEY|_PASS|_CREDS)"
@@ -278,17 +287,20 @@ def _bearer(m: Any) -> str:
 
 
 def _key(m: Any) -> str:
-    key: str = str(m.group(1))
-    value: str = str(m.group(2))
+    return str(m.group(1)) + _masked_value(str(m.group(2)))
+
+
+def _masked_value(value: str) -> str:
+    """A value masked in its own shape: a list, a quoted string or a word (kept if harmless)."""
     first = value[0]
     if first == "[":
         inner = value[1:-1] if value[-1] == "]" else value[1:]
-        return key + (value if not inner.strip() else f"['{MASK}']")
+        return value if not inner.strip() else f"['{MASK}']"
     if first in "'\"`":
         close = first if len(value) > 1 and value[-1] == first else ""
         inner = value[1 : len(value) - len(close)]
-        return key + (value if _harmless(inner) else f"{first}{MASK}{close}")
-    return key + (value if _harmless(value) else MASK)
+        return value if _harmless(inner) else f"{first}{MASK}{close}"
+    return value if _harmless(value) else MASK
 
 
 def _blob(m: Any) -> str:
@@ -314,6 +326,11 @@ _PASSES: tuple[tuple[Any, Any], ...] = (
     (_BLOB, _blob),
 )
 
+
+# The passes whose match is a name (group 1) and its value (group 2).
+# (`_multi` cuts its values at a later secret's name itself, and they hold no `--`.)
+_VALUE_SECOND = frozenset({_prefixed, _bearer, _key})
+_REACH = 16  # past a value's end, where the operator of a name glued inside it may be
 
 # What every pass needs somewhere in the line (a superset: their words' stems, a URL, an `@`,
 # a token prefix, a 20+ run): a line with none of it (most log lines) costs one scan instead
@@ -366,14 +383,27 @@ def _sub(pattern: Any, repl: Any, line: str) -> str:
     Each match costs a few microseconds of Python; a crafted line of 256 KiB holds ~40 000
     `token=` pairs. Hiding what follows the cap keeps the work per line bounded, and a line that
     crowded is junk or an attack: nothing a reader needs.
+
+    A name's value that runs into the next field glued to it (_EMBEDDED) is masked up to there,
+    and the search goes on from that field, whose name would be lost inside the mask.
     """
     pieces: list[str] = []
     end = 0
-    for n, m in enumerate(pattern.finditer(line)):
+    n = 0
+    while (m := pattern.search(line, end)) is not None:
         if n == MAX_PLACES:
             pieces.append(CROWDED)
             return "".join(pieces)
+        n += 1
         pieces.append(line[end : m.start()])
+        if repl in _VALUE_SECOND:
+            a, b = m.span(2)
+            glued = _EMBEDDED.search(line, a, b + _REACH)  # a name's operator may follow
+            if glued is not None and glued.start() < b:
+                head = line[a : glued.start()]
+                pieces.append(m.group(1) + (_masked_value(head) if head else ""))
+                end = glued.start()  # past the name: group 1 is never empty
+                continue
         pieces.append(repl(m) if callable(repl) else repl)
         end = m.end()
     if not pieces:

@@ -473,3 +473,26 @@ def test_a_forced_cut_never_parts_a_secret_from_its_name(place: str, kind: str) 
     pieces = logread._bound_lines(line.encode()).decode().split("\n")
     assert len(pieces) == 2
     assert all(value not in scrub_text(p) and value[-12:] not in scrub_text(p) for p in pieces)
+
+
+# Values glued to the next field, each found by test_long_crafted_lines_through_the_cli: the
+# first value's mask took the next name (or flag) along, and that name's value went unmasked.
+GLUED = [
+    "token=VLLM_API_KEY='{v}'",
+    "token=password: {v}",
+    "token=\"api_key\": \"{v}\"",
+    "token='api_key': ['{v}']",
+    "token=--api-key {v}",
+    "Authorization: Bearer x7Kq2mZ9pL4wVLLM_API_KEY='{v}'",
+    "Authorization: Bearer x7Kq2mZ9pL4wpassword: {v}",
+    "Authorization: Bearer x7Kq2mZ9pL4w--api-key {v}",
+    "Proxy-Authorization: x7Kq2mZ9pL4wpassword: {v}",
+]
+
+
+@pytest.mark.parametrize("shape", GLUED)
+def test_a_value_glued_to_the_next_field_leaves_no_secret(shape: str) -> None:
+    value = SECRETS["api_key_arg"]
+    for line in (shape.format(v=value), ("CUDA out of memory" + shape.format(v=value)) * 3):
+        masked = redact.scrub_text(line)
+        assert value not in masked and value[-12:] not in masked, masked

@@ -22,6 +22,7 @@ import re
 import stat
 import sys
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any, BinaryIO
 
 from vllm_offload_doctor.analyze.reports import is_doctor_output
 from vllm_offload_doctor.errors import InputError
+from vllm_offload_doctor.redact import scrub_text
 
 BLOCK = 4 << 20
 MAX_LINE = 256 << 10
@@ -458,9 +460,9 @@ SOFT_CUT = 4096  # how far back a forced cut looks for a blank
 
 def _soft_cut(data: bytes, pos: int) -> int:
     """Where a line longer than MAX_LINE is cut: after the last blank of its last SOFT_CUT
-    bytes at which no secret's value would be parted from its name (masking runs on each
-    piece: `password:` at the end of one and the bare value at the start of the next would
-    hide nothing); at MAX_LINE when there is no blank."""
+    bytes where masking each piece alone hides what masking them together does (masking runs
+    on each piece: `password:` at the end of one and the bare value at the start of the next
+    would hide nothing); at MAX_LINE when there is no blank."""
     end = pos + MAX_LINE
     lo = end - SOFT_CUT
     first = -1
@@ -471,25 +473,35 @@ def _soft_cut(data: bytes, pos: int) -> int:
             break
         if first < 0:
             first = blank
-        if not _OPENS.search(data, max(lo, blank - 512), blank + 1) and not _NAMES.match(
-            data, blank + 1
-        ):
+        if _masks_alike(data, blank + 1):
             return blank + 1
         at = blank
     return first + 1 if first >= 0 else end
 
 
-# What a cut must not follow: a name awaiting its value (`key:`, `key =`, `key="`, `Bearer`,
-# `Basic`, a flag), or any value of a multi-valued `--api-key` (redact.py's places) ...
-_OPENS = re.compile(
-    rb"(?:[:=]|&#61;)\s*[\"'`]?\s*$"
-    rb"|(?i:\b(?:bearer|basic|token|digest|negotiate|apikey))[\"'`]?\s*$"
-    rb"|(?:^|\s)[\"'`]?-{1,2}[A-Za-z][\w-]*\s*$"
-    rb"|--api[_-]keys?(?:=|\s{1,3})(?:[^\s'\"]+\s{1,3}){0,32}$"
-)
-# ... nor come before one (`aws_secret_access_key = value` cut before its `=`).
-_NAMES = re.compile(rb"\s*(?:[:=]|&#61;)")
-_CUT_TRIES = 64  # blanks tried; then the last one (a crafted line made only of names)
+_AROUND = 1024  # bytes either side of a cut that its masking is compared on (a secret's reach)
+_CUT_TRIES = 32  # blanks tried; then the last one (a line crowded with secrets is masked whole)
+
+
+def _masks_alike(data: bytes, cut: int) -> bool:
+    """Whether the bytes around `cut`, masked as two pieces, keep no word that masking them as
+    one hides (a mask may differ in shape: a multi-valued flag's sweep over plain words)."""
+    before = data[max(0, cut - _AROUND) : cut].decode("utf-8", "replace")
+    after = data[cut : cut + _AROUND].decode("utf-8", "replace")
+    kept = _secretish(scrub_text(before)) + _secretish(scrub_text(after))
+    return not kept - _secretish(scrub_text(before + after))
+
+
+_WORD = re.compile(r"[^\s'\"`()\[\]{},;*]{8,}")
+
+
+def _secretish(text: str) -> Counter[str]:
+    """The words of `text` that could be a secret's (8+ characters, a digit or both cases)."""
+    return Counter(
+        w
+        for w in _WORD.findall(text)
+        if any(c.isdigit() for c in w) or (w.lower() != w and w.upper() != w)
+    )
 
 
 def _bound_lines(data: bytes) -> bytes:
