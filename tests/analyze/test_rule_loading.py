@@ -381,6 +381,40 @@ def test_a_rule_that_times_out_is_named_in_every_format(tmp_path: Path, fmt: str
         assert analysis["notes"][0].startswith(note)
 
 
+def test_a_pattern_that_keeps_timing_out_is_dropped_for_the_rest_of_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 20: a backtracking user pattern cost 50 ms on every distinct line (200 lines: 10 s).
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    _write(rules_dir, SLOW_RULE, "SLOW001-slow.toml")
+    log = tmp_path / "slow.log"
+    log.write_text(
+        HEALTHY_LOG.read_text()
+        + "".join(
+            f"(APIServer pid=17) ERROR 11-29 15:14:25 [x.py:1] slowrule {i} {'word ' * 600}end\n"
+            for i in range(40)
+        )
+    )
+    tries: list[str] = []
+    attempt = rules_module.Rule.attempt
+
+    def counted(self: rules_module.Rule, text: str) -> tuple[Any, bool]:
+        if self.id == "SLOW001":
+            tries.append(text)
+        return attempt(self, text)
+
+    monkeypatch.setattr(rules_module.Rule, "attempt", counted)
+    analysis = Engine(extra_rule_dirs=[rules_dir]).analyze_file(log)
+    assert len(tries) == rules_module.MAX_GIVE_UPS  # fefc042: one 50 ms give-up per line, 40
+    n = HEALTHY_LOG.read_text().count("\n") + 1
+    assert analysis.notes == (
+        f"rule SLOW001 gave up on line {n} (3,014 characters) after 50 ms; its verdict may be "
+        f"missing; after {rules_module.MAX_GIVE_UPS} give-ups it was not tried on the rest of "
+        "the log",
+    )
+
+
 def test_timeouts_are_counted_per_analysis(tmp_path: Path) -> None:
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()

@@ -28,7 +28,7 @@ from vllm_offload_doctor.analyze.patterns import (
     prefilter_words,
     span_finder,
 )
-from vllm_offload_doctor.analyze.rules import Rule, load_rules
+from vllm_offload_doctor.analyze.rules import MAX_GIVE_UPS, Rule, load_rules
 from vllm_offload_doctor.analyze.verdict import EVIDENCE_CUT, MAX_EVIDENCE, NOTABLE_CUT
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.redact import scrub_cut
@@ -297,7 +297,8 @@ class _State:
         self._match_cache = repeats.Memo()  # text -> ((rule, groups), ...)
         self.plans = repeats.Memo()  # key -> Plan, or None: always processed in full
         self.matched: list[str] = []  # rule ids matched by the line being fed
-        self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
+        # rule id -> (first line, its characters, give-ups): timed out; tried no more at the cap
+        self.gave_up: dict[str, tuple[int, int, int]] = {}
         self.saw_level = False
         self.last_no = 0
         self.splitter = runs.Splitter(visible)
@@ -468,10 +469,14 @@ class _State:
         if rules:
             for rule in rules:
                 text = line.text if rule.where == "line" else line.msg
+                first = self.gave_up.get(rule.id)
+                if first is not None and first[2] >= MAX_GIVE_UPS:
+                    continue
                 if any(k in text for k in rule.keywords):
                     m, gave_up = rule.attempt(text)
                     if gave_up:
-                        self.gave_up.setdefault(rule.id, (line.no, len(text)))
+                        no, chars, times = first or (line.no, len(text), 0)
+                        self.gave_up[rule.id] = (no, chars, times + 1)
                     if m is not None:
                         found += ((rule, {k: v for k, v in m.groupdict().items() if v}),)
         if len(line.text) <= repeats.MAX_KEY:
