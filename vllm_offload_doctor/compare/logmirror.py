@@ -30,7 +30,7 @@ class LogMirror:
         self._fd: int | None = None
 
     def start(self) -> LogMirror:
-        from vllm_offload_doctor.compare.artifacts import WriteError
+        from vllm_offload_doctor.compare.artifacts import WriteError, write_error
 
         try:
             # New file, never through a link planted under its name.
@@ -43,7 +43,7 @@ class LogMirror:
                 "give each run its own --out"
             ) from None
         except OSError as exc:
-            raise WriteError(f"cannot write {self.dest}: {exc.strerror or exc}") from exc
+            raise write_error(self.dest, exc) from exc
         self._thread.start()
         return self
 

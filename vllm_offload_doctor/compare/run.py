@@ -129,6 +129,7 @@ class CompareRun:
             environment=art.relevant_env(),
         )
         self._raw_dir: Path | None = None
+        self._disk_full: art.DiskFull | None = None  # found after a mode: raised once it is saved
 
     # ------------------------------------------------------------------ report on disk
 
@@ -163,10 +164,9 @@ class CompareRun:
                 art.sweep_raw_dirs(Path(tempfile.gettempdir()))
                 self._raw_dir = Path(tempfile.mkdtemp(prefix=art.raw_dir_prefix()))
             except OSError as exc:
-                raise art.WriteError(
-                    f"cannot create a private folder for the server logs in "
-                    f"{tempfile.gettempdir()}: {exc.strerror or exc}"
-                ) from exc
+                tmp = Path(tempfile.gettempdir())
+                doing = f"cannot create a private folder for the server logs in {tmp}"
+                raise art.write_error(tmp, exc, doing) from exc
             try:
                 return self._execute()
             finally:
@@ -177,6 +177,10 @@ class CompareRun:
         art.atomic_write(self.out / "commands.txt", art.commands_text(cfg, self._fix_env()))
         self.write()
         try:
+            assert self._raw_dir is not None
+            full = art.no_room(self._raw_dir)  # a server that cannot log is not a failed server
+            if full is not None:
+                raise full
             self._preflight()
             self._run_modes()
             self._set(complete=True)
@@ -450,6 +454,8 @@ class CompareRun:
                     f"stopped in {mode.stop.stop_s:.1f} s ({', '.join(mode.stop.signals) or 'exited'})"
                 )
             self.write()
+        if self._disk_full is not None:
+            raise self._disk_full
         return mode
 
     def _finish_mode(
@@ -475,6 +481,15 @@ class CompareRun:
             ),
             leftover_pids=tuple(s.survivors) if s.survivors else None,
         )
+        # A log cut short by a full TMPDIR would be judged as the server's failure: the mode
+        # keeps what was measured, its log is not judged, and the run stops naming the disk.
+        self._disk_full = art.no_room(raw_log.parent, art.FULL_BYTES)
+        if self._disk_full is not None:
+            with contextlib.suppress(art.WriteError):  # else the live copy in --out stays
+                art.save_scrubbed_log(raw_log, self.out / mode.log)
+            with contextlib.suppress(OSError):
+                raw_log.unlink()
+            return replace(mode, analysis_error=f"log not judged: {self._disk_full}")
         try:
             analysis, facts, last_error = read_mode_log(raw_log, mode.log)
         except Exception as exc:  # the verdict must survive an analysis bug
