@@ -268,7 +268,7 @@ class CompareRun:
         served = sum(1 for m in self.report.modes if m.ok)
         version = version_of(base) or next((version_of(m) for m in offs if version_of(m)), None)
         verdict = decide(comps, served, nvsmi_note(version, cfg.gpu_memory_utilization()))
-        notes += self._host_notes()
+        notes += self._host_notes() + self._flood_notes()
         if notes:
             f = verdict.finding
             verdict = replace(verdict, finding=replace(f, notes=f.notes + tuple(notes)))
@@ -286,6 +286,16 @@ class CompareRun:
             if line:
                 out.append(line)
         return list(dict.fromkeys(out))
+
+    def _flood_notes(self) -> list[str]:
+        """A server that flooded its log is named: its saved log lost its middle, and so may the
+        verdict the lines needed."""
+        return [
+            f"offload {fmt_gb(m.offload_gb)} GiB: {m.stop.log_flood}; what it wrote in between "
+            "was not read"
+            for m in self.report.modes
+            if m.stop is not None and m.stop.log_flood
+        ]
 
     def _fit_inputs(self, base: ModeResult) -> FitInputs:
         """Weights per GPU (local models only), gpu_memory_utilization and context length."""
@@ -450,8 +460,10 @@ class CompareRun:
                 mode = self._finish_mode(mode, srv, raw_log, sampler)
             self._put_mode(mode, idx)
             if prog and mode.stop:
+                flood = f"; {mode.stop.log_flood}" if mode.stop.log_flood else ""
                 prog.line(
                     f"stopped in {mode.stop.stop_s:.1f} s ({', '.join(mode.stop.signals) or 'exited'})"
+                    + flood
                 )
             self.write()
         if self._disk_full is not None:
