@@ -174,8 +174,8 @@ def default_out_dir(base: Path = Path("offload-doctor-runs")) -> Path:
 def claim(out: Path, *, force: bool) -> Iterator[None]:
     """Hold the folder for this run (flock: released even if we are killed).
 
-    The lock file is removed when the run ends however it ends (a SIGKILL leaves the file, but
-    not the lock, so the next run proceeds).
+    The lock file is removed when the run ends however it ends (after a SIGKILL, by the run's
+    janitor; were it left, the lock is not, so the next run proceeds).
     """
     lock = _lock(out)
     try:
@@ -277,6 +277,35 @@ def save_scrubbed_log(raw: Path, dest: Path) -> None:
 
 
 RAW_PREFIX = "offload-doctor-raw-"
+JANITOR = str(Path(__file__).with_name("janitor.py"))
+
+
+@contextlib.contextmanager
+def janitor(out: Path, raw: Path) -> Iterator[None]:
+    """A process that removes `raw` and the --out lock file if this one is killed (janitor.py);
+    stopped before a normal end, which removes both itself."""
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", JANITOR, str(os.getpid()), str(out / LOCK_NAME), str(raw)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl+C of the terminal is the doctor's to handle
+        )
+    except OSError:  # no cleanup after a SIGKILL, as before; the run itself goes on
+        yield
+        return
+    try:
+        yield
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def raw_dir_prefix() -> str:

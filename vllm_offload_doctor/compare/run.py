@@ -168,7 +168,8 @@ class CompareRun:
                 doing = f"cannot create a private folder for the server logs in {tmp}"
                 raise art.write_error(tmp, exc, doing) from exc
             try:
-                return self._execute()
+                with art.janitor(self.out, self._raw_dir):  # if we are killed (SIGKILL)
+                    return self._execute()
             finally:
                 shutil.rmtree(self._raw_dir, ignore_errors=True)
 
