@@ -24,9 +24,11 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1
 WATCH_S = 1.0
+LOCK_TRIES = 40  # x 50 ms
 RAW_PREFIX = "offload-doctor-raw-"  # compare/artifacts.RAW_PREFIX (this script imports nothing)
 
 
@@ -39,7 +41,16 @@ def clean(parent: int, lock: str, raw: str) -> None:
     except OSError:
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: another run has the folder now
+        # Held a moment longer by a child the doctor was forking as it died (the copy of the
+        # descriptor goes at its exec); held on: another run has the folder now.
+        for _ in range(LOCK_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.05)
+        else:
+            return
         if os.read(fd, 32).strip() == str(parent).encode():
             os.unlink(lock)  # while locked, as the doctor does: a run opening it now retries
     except OSError:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from secrets import token_hex
 from typing import TYPE_CHECKING, TextIO
 
 from vllm_offload_doctor import __version__, exitcodes
@@ -158,20 +159,23 @@ class CompareRun:
     # ------------------------------------------------------------------ the run
 
     def execute(self) -> int:
-        with art.claim(self.out, force=self.cfg.force):
+        tmp = Path(tempfile.gettempdir())
+        raw = tmp / f"{art.raw_dir_prefix()}{token_hex(6)}"  # made once the folder is ours
+        # The janitor comes first and goes last: killed at any moment between, this run leaves
+        # neither its raw (unmasked) logs nor its lock file behind.
+        with art.janitor(self.out, raw), art.claim(self.out, force=self.cfg.force):
             self.write()  # a report from the first moment: a SIGKILL at any time leaves one
             try:
-                art.sweep_raw_dirs(Path(tempfile.gettempdir()))
-                self._raw_dir = Path(tempfile.mkdtemp(prefix=art.raw_dir_prefix()))
+                art.sweep_raw_dirs(tmp)
+                raw.mkdir(mode=0o700)  # private, and new (never an existing folder or link)
             except OSError as exc:
-                tmp = Path(tempfile.gettempdir())
                 doing = f"cannot create a private folder for the server logs in {tmp}"
                 raise art.write_error(tmp, exc, doing) from exc
+            self._raw_dir = raw
             try:
-                with art.janitor(self.out, self._raw_dir):  # if we are killed (SIGKILL)
-                    return self._execute()
+                return self._execute()
             finally:
-                shutil.rmtree(self._raw_dir, ignore_errors=True)
+                shutil.rmtree(raw, ignore_errors=True)
 
     def _execute(self) -> int:
         cfg = self.cfg
