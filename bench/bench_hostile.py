@@ -12,7 +12,8 @@ line's time per MB of line:
 * knowledge/reports/other: the clue, report and remaining module patterns;
 * analyze: `Engine.analyze_lines` on the line, in a subprocess with a time limit (the product);
 * files: 2 MB files of issue 20's crafted lines (`[` + `a.` x n, `repeated` + blanks, `</b `
-  repeated, `│` + blanks, `Error` + blanks, quotes or `Bearer` runs) and a million distinct
+  repeated, `│` + blanks, `Error` + blanks, quotes or `Bearer` runs, lines of ANSI escapes and
+  of ANSI-coloured `ERROR`) and a million distinct
   exception lines, analysed end to end (start-up excluded; the issue's target: <= 0.5 s/MB).
 
 The "before" figures come from the same script run in a subprocess on `git archive REF` (default
@@ -232,6 +233,8 @@ CRAFTED_LINES: dict[str, Callable[[int], str]] = {
     "Error + spaces": lambda n: "Error" + " " * n + "x",
     "Error + quotes": lambda n: "Error " + '"' * n,
     "Error + Bearer": lambda n: "Error " + "Bearer " * (n // 7),
+    "ANSI escapes only": lambda n: "\x1b[1;31m\x1b[0m" * (n // 11),
+    "ANSI-coloured ERROR": lambda n: "\x1b[1;31mERROR\x1b[0m",  # short lines, n aside
 }
 
 
@@ -262,13 +265,8 @@ def crafted_files(size: int, limit_s: float, millions: float) -> list[Any]:
             line = make(size)
             path.write_text((line + "\n") * max(1, (2 * MB) // len(line)), encoding="utf-8")
             dt, hung = _timed_analyze(path, limit_s)
-            rows.append(
-                (
-                    f"2 MB of {name} ({size // 1024} KiB lines)",
-                    dt / (path.stat().st_size / MB),
-                    hung,
-                )
-            )
+            width = f"{len(line) // 1024} KiB" if len(line) >= 1024 else f"{len(line)} B"
+            rows.append((f"2 MB of {name} ({width} lines)", dt / (path.stat().st_size / MB), hung))
         with path.open("w", encoding="utf-8") as fh:
             for i in range(int(millions * 1_000_000)):
                 fh.write(

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from vllm_offload_doctor.analyze import patterns
 from vllm_offload_doctor.analyze import rules as rules_module
 from vllm_offload_doctor.analyze.engine import Engine
 from vllm_offload_doctor.analyze.rules import load_rule, load_rules
@@ -379,6 +380,40 @@ def test_a_rule_that_times_out_is_named_in_every_format(tmp_path: Path, fmt: str
         record = json.loads(result.output.splitlines()[0] if fmt == "jsonl" else result.output)
         analysis = record.get("results", [record])[0]
         assert analysis["notes"][0].startswith(note)
+
+
+def test_a_pattern_that_keeps_timing_out_is_dropped_for_the_rest_of_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 20: a backtracking user pattern cost 50 ms on every distinct line (200 lines: 10 s).
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    _write(rules_dir, SLOW_RULE, "SLOW001-slow.toml")
+    log = tmp_path / "slow.log"
+    log.write_text(
+        HEALTHY_LOG.read_text()
+        + "".join(
+            f"(APIServer pid=17) ERROR 11-29 15:14:25 [x.py:1] slowrule {i} {'word ' * 600}end\n"
+            for i in range(40)
+        )
+    )
+    tries: list[str] = []
+    run_once = patterns.Bounded._run_once  # what both rule paths (fast and reference) run
+
+    def counted(self: patterns.Bounded, search: bool, text: str, timeout: float | None) -> Any:
+        if "slowrule" in self.pattern:
+            tries.append(text)
+        return run_once(self, search, text, timeout)
+
+    monkeypatch.setattr(patterns.Bounded, "_run_once", counted)
+    analysis = Engine(extra_rule_dirs=[rules_dir]).analyze_file(log)
+    assert len(tries) == rules_module.MAX_GIVE_UPS  # fefc042: one 50 ms give-up per line, 40
+    n = HEALTHY_LOG.read_text().count("\n") + 1
+    assert analysis.notes == (
+        f"rule SLOW001 gave up on line {n} (3,014 characters) after 50 ms; its verdict may be "
+        f"missing; after {rules_module.MAX_GIVE_UPS} give-ups it was not tried on the rest of "
+        "the log",
+    )
 
 
 def test_timeouts_are_counted_per_analysis(tmp_path: Path) -> None:

@@ -245,6 +245,23 @@ def test_verbose_shows_details_and_links(
     assert "VLLM_USE_V2_MODEL_RUNNER=0" in out
 
 
+@pytest.mark.parametrize("fmt", ["text", "markdown", "json"])
+def test_verbose_hides_a_url_password_holding_a_slash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    # Issue 20: `check -v` showed `https://user:Pa55/w0rd...@host` whole (the old URL pattern
+    # stopped the password at `/`, then found no `@` and masked nothing).
+    env = {
+        "VLLM_MIRROR_URL": "https://mirror-user:Pa55/w0rdZq9@hf-mirror.acme.corp/x",
+        "VLLM_PLUGIN_INDEX": "https://u:ab@cd/Kp7Wd2Lx@pypi.acme.corp/simple",
+    }
+    use_probe(monkeypatch, FakeProbe(env=env))
+    _, out, err = cli(capsys, "-v", "--format", fmt)
+    for piece in ("Pa55", "w0rdZq9", "Kp7Wd2Lx", "cd/"):
+        assert piece not in out + err, (piece, out)
+    assert out.count(":***@") >= 2 and "VLLM_PLUGIN_INDEX=https://" in out  # the rest stays
+
+
 def test_color_only_when_asked() -> None:
     report = run_checks(FakeProbe(), Options())
     assert "\x1b[32m[✓]\x1b[0m" in render(report, OutputFormat.TEXT, color=True)

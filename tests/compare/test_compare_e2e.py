@@ -257,9 +257,10 @@ def test_dry_run_prints_reference_commands(tmp_path: Path) -> None:
 
 def _start_interruptible(tmp_path: Path, marker: str) -> tuple[subprocess.Popen[str], Path]:
     out = tmp_path / "run"
+    (tmp_path / "tmp").mkdir()  # TMPDIR of its own: the raw-log folder must not outlive the run
     proc = subprocess.Popen(
         _argv(out, free_port(), "--timeout", "60"),
-        env=_env("hang", marker),
+        env=_env("hang", marker, TMPDIR=str(tmp_path / "tmp")),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -328,6 +329,7 @@ def test_interrupt_cleans_up_and_keeps_partial_report(
     assert (out / "mode-0.5.log").exists() and (out / "report.md").exists()
     assert "partial report" in stderr
     assert not (out / ".offload-doctor.lock").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []  # the raw (unmasked) logs are gone too
 
 
 def test_a_failed_mode_shows_the_line_it_failed_on_everywhere(tmp_path: Path) -> None:

@@ -207,3 +207,103 @@ def test_host_reachable_from_the_network_is_warned_and_recorded(tmp_path: Path) 
     report = json.loads((out / "report.json").read_text())
     assert warning in report["config"]["exposed"]
     assert warning in (out / "report.md").read_text()
+
+
+# -- the doctor's own readers of a flooding server's log --------------------------------------
+# The figures came from `bench/bench_issue20.py --only log_flood` (a server printing 100 MB/s):
+# the phase follower read all that was appended since its last poll at once (hundreds of MB),
+# and the live copy chased the growing log, its stop() copying beside its thread (a TypeError
+# in the thread) for as long as the server kept writing.
+
+FLOOD_LINE = b"x" * 4095 + b"\n"
+
+
+def test_the_phase_follower_reads_a_flood_in_bounded_memory(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from vllm_offload_doctor.compare.progress import MAX_POLL_BYTES, LogFollower
+
+    log = tmp_path / "server.log"
+    follower = LogFollower(log)
+    with log.open("wb") as f:
+        f.write(FLOOD_LINE * (64 << 20 >> 12))  # 64 MiB since the last poll
+        f.write(b"INFO 11-29 15:14:21 [gpu_model_runner.py:1] Starting to load model m...\n")
+    tracemalloc.start()
+    try:
+        phase = follower.poll()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert phase == "loading weights"  # the latest line says the phase
+    assert follower.offset == log.stat().st_size
+    assert peak < 4 * MAX_POLL_BYTES, f"{peak >> 20} MiB held for one poll"
+
+
+def test_the_live_log_copy_does_not_chase_a_flooding_server(tmp_path: Path) -> None:
+    from vllm_offload_doctor.compare.logmirror import MAX_LAG, LogMirror
+
+    raw, dest = tmp_path / "raw.log", tmp_path / "mode-0.log"
+    raw.write_bytes(b"")
+    writing = threading.Event()
+    writing.set()
+
+    def server() -> None:  # writes far faster than lines can be masked, until told to stop
+        with raw.open("ab") as f:
+            while writing.is_set():
+                f.write(FLOOD_LINE * 256)
+
+    mirror = LogMirror(raw, dest, every_s=0.05).start()
+    writer = threading.Thread(target=server, daemon=True)
+    writer.start()
+    try:
+        time.sleep(2)
+        stopper = threading.Thread(target=mirror.stop, daemon=True)
+        t0 = time.monotonic()
+        stopper.start()
+        stopper.join(timeout=60)
+        took = time.monotonic() - t0
+        assert not stopper.is_alive(), "stop() chased the log while the server kept writing"
+    finally:
+        writing.clear()
+        writer.join()
+    assert took < 30
+    text = dest.read_bytes()
+    assert b"bytes of the server's log not copied while it ran" in text
+    assert len(text) < raw.stat().st_size and raw.stat().st_size > MAX_LAG
+
+
+def test_a_flooding_server_is_named_in_the_verdict_and_the_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its log was cut and the stop record said so, but only report.json's stop record.
+    import io
+    import os
+
+    from vllm_offload_doctor.compare.config import CompareConfig
+    from vllm_offload_doctor.compare.render import report_files
+    from vllm_offload_doctor.compare.run import CompareRun
+
+    fake = Path(__file__).resolve().parents[1] / "fake-vllm"
+    flood = tmp_path / "flood-vllm"
+    flood.write_text(
+        "#!/bin/sh\n"
+        f'{sys.executable} -c \'import sys; sys.stdout.write(("x" * 4095 + "\\n") * 4096)\'\n'
+        f'exec {sys.executable} {fake} "$@"\n'
+    )  # 16 MiB of log before vLLM's own lines
+    flood.chmod(0o755)
+    monkeypatch.setitem(ServerProcess.__init__.__kwdefaults__, "max_log_bytes", 4 << 20)
+    monkeypatch.setenv("FAKE_VLLM_SCENARIO", "effective")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    progress = io.StringIO()
+    cfg = CompareConfig(
+        vllm_cmd=[str(flood)], port=free_port(), repeats=1, warmup=0, grace_s=3,
+        out_dir=tmp_path / "run",
+    )  # fmt: skip
+    run = CompareRun(cfg, progress=progress, files=report_files)
+    run.execute()
+    notes = run.report.verdict.finding.notes
+    flooded = [n for n in notes if "MB of log in" in n]
+    assert [n.split(":")[0] for n in flooded] == ["offload 0 GiB", "offload 0.5 GiB"], notes
+    assert all(n.endswith("what it wrote in between was not read") for n in flooded)
+    assert progress.getvalue().count("MB of log in") == 2
+    assert os.path.getsize(tmp_path / "run" / "mode-0.log") < 8 << 20

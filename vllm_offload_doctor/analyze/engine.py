@@ -30,7 +30,7 @@ from vllm_offload_doctor.analyze.patterns import (
     rule_selector,
     span_finder,
 )
-from vllm_offload_doctor.analyze.rules import Rule, load_rules
+from vllm_offload_doctor.analyze.rules import MAX_GIVE_UPS, Rule, load_rules
 from vllm_offload_doctor.analyze.verdict import EVIDENCE_CUT, FRAME_CUT, MAX_EVIDENCE, NOTABLE_CUT
 from vllm_offload_doctor.errors import InputError
 from vllm_offload_doctor.redact import scrub_cut
@@ -392,7 +392,8 @@ class _State:
         self.plans = repeats.Memo()  # key -> Plan, or None: always fed in full (a pasted report)
         self._seen_keys: bytearray | None = None  # _again's bitmap
         self.matched: list[str] = []  # rule ids matched by the line being fed
-        self.gave_up: dict[str, tuple[int, int]] = {}  # rule id -> (line, characters): timed out
+        # rule id -> (first line, its characters, give-ups): timed out; tried no more at the cap
+        self.gave_up: dict[str, tuple[int, int, int]] = {}
         self.saw_level = False
         self.last_no = 0
         self.splitter = runs.Splitter(visible)
@@ -629,11 +630,13 @@ class _State:
         if not self._rule_words(line.text.encode(), 0):  # one scan: most lines hold no keyword
             return found
         for rule in self.matching:
+            if self._capped(rule):
+                continue
             text = line.text if rule.where == "line" else line.msg
             if any(k in text for k in rule.keywords):
                 m, gave_up = rule.attempt(text)
                 if gave_up:
-                    self.gave_up.setdefault(rule.id, (line.no, len(text)))
+                    self._gave_up(rule, line.no, len(text))
                 if m is not None:
                     found += ((rule, {k: v for k, v in m.groupdict().items() if v}),)
         return found
@@ -665,6 +668,8 @@ class _State:
         matching = self.matching
         for i, tried, sure in chosen:
             rule = matching[i]
+            if self._capped(rule):
+                continue
             if tried[0] in sure:  # Hyperscan matched the first to try, and it names no group
                 found += ((rule, {}),)
                 continue
@@ -680,11 +685,20 @@ class _State:
                     break
                 groups, gave_up = rule.patterns[n].groups(cut, raw)
                 if gave_up:
-                    self.gave_up.setdefault(rule.id, (line.no, len(full)))
+                    self._gave_up(rule, line.no, len(full))
                 if groups is not None:
                     found += ((rule, groups),)
                     break
         return found
+
+    def _capped(self, rule: Rule) -> bool:
+        """Whether a rule timed out MAX_GIVE_UPS times in this log: it is tried no more."""
+        known = self.gave_up.get(rule.id)
+        return known is not None and known[2] >= MAX_GIVE_UPS
+
+    def _gave_up(self, rule: Rule, no: int, chars: int) -> None:
+        first, length, times = self.gave_up.get(rule.id) or (no, chars, 0)
+        self.gave_up[rule.id] = (first, length, times + 1)
 
     def _make_selectors(self) -> tuple[Any, ...]:
         """The Hyperscan selectors of the message rules and the line rules (None: there are

@@ -30,6 +30,9 @@ from vllm_offload_doctor.analyze.patterns import Bounded
 from vllm_offload_doctor.errors import RuleFileError
 
 MATCH_TIMEOUT_S = 0.05
+# A pattern that keeps hitting its timeout (a user's backtracking pattern meets every distinct
+# line at 50 ms) is not tried again in that log after this many give-ups; the note says so.
+MAX_GIVE_UPS = 3
 # A rule file is a few hundred bytes; a directory of rules a few dozen files.
 MAX_RULE_FILE_BYTES = 256 << 10
 MAX_RULE_FILES = 1000

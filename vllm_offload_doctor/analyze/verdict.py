@@ -56,6 +56,7 @@ from vllm_offload_doctor.analyze.raises import MIN_LITERAL, RaiseMap
 from vllm_offload_doctor.analyze.rules import (
     FACT_CONDITIONS,
     MATCH_TIMEOUT_S,
+    MAX_GIVE_UPS,
     Rule,
     render_message,
 )
@@ -100,7 +101,7 @@ class Observed:
     v2_banner: bool
     loading_4dp: bool | None
     interrupt_after: float | None
-    gave_up: Mapping[str, tuple[int, int]]
+    gave_up: Mapping[str, tuple[int, int, int]]
     saw_level: bool
 
 
@@ -899,13 +900,18 @@ def with_wsl_note(final: Verdict, facts: Facts) -> Verdict:
     return replace(final, summary=final.summary.rstrip() + note)
 
 
-def timeout_notes(gave_up: Mapping[str, tuple[int, int]]) -> tuple[str, ...]:
+def timeout_notes(gave_up: Mapping[str, tuple[int, int, int]]) -> tuple[str, ...]:
     """A rule that gave up on a line may be the missing verdict: say so, never silently."""
     ms = round(MATCH_TIMEOUT_S * 1000)
     return tuple(
         f"rule {rule_id} gave up on line {no} ({chars:,} characters) after {ms} ms; "
         "its verdict may be missing"
-        for rule_id, (no, chars) in sorted(gave_up.items())
+        + (
+            f"; after {times} give-ups it was not tried on the rest of the log"
+            if times >= MAX_GIVE_UPS
+            else ""
+        )
+        for rule_id, (no, chars, times) in sorted(gave_up.items())
     )
 
 

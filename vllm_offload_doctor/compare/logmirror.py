@@ -17,6 +17,10 @@ from vllm_offload_doctor.redact import MAX_PIECE, line_scrubber
 
 EVERY_S = 0.5
 CHUNK = 1 << 20  # bytes read at a time
+# A copy this far behind the raw log skips ahead with a marker line: a server flooding its log
+# (100 MB/s) outruns any masking, and chasing it kept the doctor busy and the copy never done.
+# The mode's end replaces this copy with the whole scrubbed log anyway.
+MAX_LAG = 16 << 20
 
 
 class LogMirror:
@@ -26,11 +30,12 @@ class LogMirror:
         self._offset = 0
         self._partial = b""
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # one copy at a time: the thread's, or stop()'s last one
         self._thread = threading.Thread(target=self._loop, name="log-mirror", daemon=True)
         self._fd: int | None = None
 
     def start(self) -> LogMirror:
-        from vllm_offload_doctor.compare.artifacts import WriteError
+        from vllm_offload_doctor.compare.artifacts import WriteError, write_error
 
         try:
             # New file, never through a link planted under its name.
@@ -43,7 +48,7 @@ class LogMirror:
                 "give each run its own --out"
             ) from None
         except OSError as exc:
-            raise WriteError(f"cannot write {self.dest}: {exc.strerror or exc}") from exc
+            raise write_error(self.dest, exc) from exc
         self._thread.start()
         return self
 
@@ -52,15 +57,28 @@ class LogMirror:
             self.copy()
 
     def copy(self, final: bool = False) -> None:
-        """Append the complete lines written since the last call (all of it when final)."""
-        if self._fd is None:
-            return
-        with contextlib.suppress(OSError), open(self.raw, "rb") as f:  # a full disk: go on
-            f.seek(self._offset)
-            while data := f.read(CHUNK):  # memory bounded however fast the server writes
-                self._offset += len(data)
-                self._lines(data, final=False)
-            self._lines(b"", final=final)
+        """Append the complete lines written since the last call (all of it when final), up to
+        what the log held when the call began: a server that keeps writing is not chased."""
+        with self._lock:
+            if self._fd is None:
+                return
+            with contextlib.suppress(OSError), open(self.raw, "rb") as f:  # a full disk: go on
+                end = os.fstat(f.fileno()).st_size
+                if end < self._offset:  # the server's log was cut (a flood): carry on at its end
+                    self._offset, self._partial = end, b""
+                if end - self._offset > MAX_LAG:
+                    skipped = end - MAX_LAG - self._offset
+                    self._offset, self._partial = end - MAX_LAG, b""
+                    _write_all(
+                        self._fd,
+                        f"[offload-doctor: {skipped} bytes of the server's log not copied while it "
+                        "ran (it wrote faster than they could be masked)]\n".encode(),
+                    )
+                f.seek(self._offset)
+                while self._offset < end and (data := f.read(min(CHUNK, end - self._offset))):
+                    self._offset += len(data)
+                    self._lines(data, final=False)
+                self._lines(b"", final=final)
 
     def _lines(self, data: bytes, *, final: bool) -> None:
         assert self._fd is not None
@@ -75,12 +93,13 @@ class LogMirror:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5)  # a copy in progress finishes; stop()'s waits for it
         self.copy(final=True)
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
 
 
 def _write_all(fd: int, data: bytes) -> None:

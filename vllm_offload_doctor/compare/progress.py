@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -33,6 +34,11 @@ def phase_of(line: str, current: str) -> str:
     return current
 
 
+# A poll reads at most this much. A server flooding its log (100 MB/s) is skipped ahead to its
+# latest lines, which say the phase: reading all of it held hundreds of MB (issue 20).
+MAX_POLL_BYTES = 4 << 20
+
+
 class LogFollower:
     """Reads what was appended to a log since the last call and tracks the phase."""
 
@@ -45,13 +51,18 @@ class LogFollower:
     def poll(self) -> str:
         try:
             with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size - self.offset > MAX_POLL_BYTES or size < self.offset:  # behind, or cut
+                    self.offset, self.partial = max(0, size - MAX_POLL_BYTES), b""
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(MAX_POLL_BYTES)
         except OSError:
             return self.phase
         self.offset += len(data)
         data = self.partial + data
         *lines, self.partial = data.split(b"\n")
+        if len(self.partial) > MAX_POLL_BYTES:  # a line that never ends
+            self.partial = b""
         for raw in lines:
             for piece in raw.split(b"\r"):  # progress bars rewrite lines with \r
                 self.phase = phase_of(piece.decode("utf-8", "replace"), self.phase)

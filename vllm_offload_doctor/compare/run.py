@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from secrets import token_hex
 from typing import TYPE_CHECKING, TextIO
 
 from vllm_offload_doctor import __version__, exitcodes
@@ -129,6 +130,7 @@ class CompareRun:
             environment=art.relevant_env(),
         )
         self._raw_dir: Path | None = None
+        self._disk_full: art.DiskFull | None = None  # found after a mode: raised once it is saved
 
     # ------------------------------------------------------------------ report on disk
 
@@ -157,26 +159,33 @@ class CompareRun:
     # ------------------------------------------------------------------ the run
 
     def execute(self) -> int:
-        with art.claim(self.out, force=self.cfg.force):
+        tmp = Path(tempfile.gettempdir())
+        raw = tmp / f"{art.raw_dir_prefix()}{token_hex(6)}"  # made once the folder is ours
+        # The janitor comes first and goes last: killed at any moment between, this run leaves
+        # neither its raw (unmasked) logs nor its lock file behind.
+        with art.janitor(self.out, raw), art.claim(self.out, force=self.cfg.force):
             self.write()  # a report from the first moment: a SIGKILL at any time leaves one
             try:
-                art.sweep_raw_dirs(Path(tempfile.gettempdir()))
-                self._raw_dir = Path(tempfile.mkdtemp(prefix=art.raw_dir_prefix()))
+                art.sweep_raw_dirs(tmp)
+                raw.mkdir(mode=0o700)  # private, and new (never an existing folder or link)
             except OSError as exc:
-                raise art.WriteError(
-                    f"cannot create a private folder for the server logs in "
-                    f"{tempfile.gettempdir()}: {exc.strerror or exc}"
-                ) from exc
+                doing = f"cannot create a private folder for the server logs in {tmp}"
+                raise art.write_error(tmp, exc, doing) from exc
+            self._raw_dir = raw
             try:
                 return self._execute()
             finally:
-                shutil.rmtree(self._raw_dir, ignore_errors=True)
+                shutil.rmtree(raw, ignore_errors=True)
 
     def _execute(self) -> int:
         cfg = self.cfg
         art.atomic_write(self.out / "commands.txt", art.commands_text(cfg, self._fix_env()))
         self.write()
         try:
+            assert self._raw_dir is not None
+            full = art.no_room(self._raw_dir)  # a server that cannot log is not a failed server
+            if full is not None:
+                raise full
             self._preflight()
             self._run_modes()
             self._set(complete=True)
@@ -264,7 +273,7 @@ class CompareRun:
         served = sum(1 for m in self.report.modes if m.ok)
         version = version_of(base) or next((version_of(m) for m in offs if version_of(m)), None)
         verdict = decide(comps, served, nvsmi_note(version, cfg.gpu_memory_utilization()))
-        notes += self._host_notes()
+        notes += self._host_notes() + self._flood_notes()
         if notes:
             f = verdict.finding
             verdict = replace(verdict, finding=replace(f, notes=f.notes + tuple(notes)))
@@ -282,6 +291,16 @@ class CompareRun:
             if line:
                 out.append(line)
         return list(dict.fromkeys(out))
+
+    def _flood_notes(self) -> list[str]:
+        """A server that flooded its log is named: its saved log lost its middle, and so may the
+        verdict the lines needed."""
+        return [
+            f"offload {fmt_gb(m.offload_gb)} GiB: {m.stop.log_flood}; what it wrote in between "
+            "was not read"
+            for m in self.report.modes
+            if m.stop is not None and m.stop.log_flood
+        ]
 
     def _fit_inputs(self, base: ModeResult) -> FitInputs:
         """Weights per GPU (local models only), gpu_memory_utilization and context length."""
@@ -446,10 +465,14 @@ class CompareRun:
                 mode = self._finish_mode(mode, srv, raw_log, sampler)
             self._put_mode(mode, idx)
             if prog and mode.stop:
+                flood = f"; {mode.stop.log_flood}" if mode.stop.log_flood else ""
                 prog.line(
                     f"stopped in {mode.stop.stop_s:.1f} s ({', '.join(mode.stop.signals) or 'exited'})"
+                    + flood
                 )
             self.write()
+        if self._disk_full is not None:
+            raise self._disk_full
         return mode
 
     def _finish_mode(
@@ -475,6 +498,15 @@ class CompareRun:
             ),
             leftover_pids=tuple(s.survivors) if s.survivors else None,
         )
+        # A log cut short by a full TMPDIR would be judged as the server's failure: the mode
+        # keeps what was measured, its log is not judged, and the run stops naming the disk.
+        self._disk_full = art.no_room(raw_log.parent, art.FULL_BYTES)
+        if self._disk_full is not None:
+            with contextlib.suppress(art.WriteError):  # else the live copy in --out stays
+                art.save_scrubbed_log(raw_log, self.out / mode.log)
+            with contextlib.suppress(OSError):
+                raw_log.unlink()
+            return replace(mode, analysis_error=f"log not judged: {self._disk_full}")
         try:
             analysis, facts, last_error = read_mode_log(raw_log, mode.log)
         except Exception as exc:  # the verdict must survive an analysis bug
