@@ -294,6 +294,18 @@ def _outputs(log: Path) -> list[tuple[str, str]]:
     return outs
 
 
+_STATIC: list[str] = []
+
+
+def _static_text(folder: Path) -> str:
+    """Every output of a log that holds no secret: what the pages print of their own."""
+    if not _STATIC:
+        log = folder / "plain.log"
+        log.write_text(f"{HEAD}\n{OOM}\n", encoding="utf-8")
+        _STATIC.append("\n".join(out for _, out in _outputs(log)))
+    return _STATIC[0]
+
+
 @settings(
     max_examples=12,
     deadline=None,
@@ -309,6 +321,10 @@ def test_no_generated_secret_reaches_any_analyze_output(
     lines = [HEAD] + [OOM + line for line, _ in secrets]
     assume(all(v not in HEAD + OOM for _, v in secrets))
     folder = tmp_path_factory.mktemp("gen")
+    # A value whose tail the pages print anyway (`conclusi` of the HTML's `.inconclusive`)
+    # would be found though masked: such draws are refused, the assertion is unchanged.
+    static = _static_text(folder)
+    assume(all(v not in static and v[-8:] not in static for _, v in secrets))
     data = ("\n".join(lines) + "\n").encode()
     log = folder / ("s.log.gz" if gz else "s.log")
     log.write_bytes(gzip.compress(data) if gz else data)
