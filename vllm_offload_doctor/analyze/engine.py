@@ -352,6 +352,34 @@ def _digit_finders(
     return at, (lambda data: [m.start() for m in near.finditer(data)])
 
 
+_TABLES: dict[tuple[int, ...], tuple[Sequence[Rule], Any]] = {}
+
+
+def _rule_tables(rules: Sequence[Rule]) -> Any:
+    """What _State derives from the rules, made once per rule set (a batch makes a _State per
+    file): the rules with patterns, one finder of all their keywords, each rule's patterns in
+    order, and each keyword once with the rules it names, for message rules and line rules."""
+    key = tuple(map(id, rules))
+    known = _TABLES.get(key)
+    if known is not None and all(a is b for a, b in zip(known[0], rules, strict=True)):
+        return known[1]
+    matching = [r for r in rules if r.patterns]
+    words = span_finder(literal_matcher(sorted({(k, False) for r in matching for k in r.keywords})))
+    every = [tuple(range(len(r.patterns))) for r in matching]
+    owners: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {
+        where: tuple(
+            (k, tuple(i for i, r in enumerate(matching) if r.where == where and k in r.keywords))
+            for k in sorted({k for r in matching if r.where == where for k in r.keywords})
+        )
+        for where in ("message", "line")
+    }
+    if len(_TABLES) >= 16:
+        _TABLES.clear()  # rule sets of engines gone (tests make many)
+    tables = (matching, words, every, owners)
+    _TABLES[key] = (tuple(rules), tables)
+    return tables
+
+
 class _State:
     """Everything kept while one input streams past: bounded whatever its size."""
 
@@ -366,29 +394,10 @@ class _State:
     ) -> None:
         self.rules = rules
         self.knowledge = knowledge
-        self.matching = [r for r in rules if r.patterns]
-        self._rule_words = span_finder(
-            literal_matcher(sorted({(k, False) for r in self.matching for k in r.keywords}))
-        )
+        self.matching, self._rule_words, self._every, self._owners = _rule_tables(rules)
         self.fast = fast
         self._matched_lines = 0  # lines matched against the rules so far
         self._selectors: tuple[Any, ...] | None = None  # _make_selectors, after INDEX_AFTER lines
-        self._every = [tuple(range(len(r.patterns))) for r in self.matching]
-        # Each keyword once with the rules it names, for the message rules and the line rules.
-        self._owners: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {
-            where: tuple(
-                (
-                    k,
-                    tuple(
-                        i
-                        for i, r in enumerate(self.matching)
-                        if r.where == where and k in r.keywords
-                    ),
-                )
-                for k in sorted({k for r in self.matching if r.where == where for k in r.keywords})
-            )
-            for where in ("message", "line")
-        }
         self.plans = repeats.Memo()  # key -> Plan, or None: always fed in full (a pasted report)
         self._seen_keys: bytearray | None = None  # _again's bitmap
         self.matched: list[str] = []  # rule ids matched by the line being fed
