@@ -331,6 +331,7 @@ _PASSES: tuple[tuple[Any, Any], ...] = (
 # (`_multi` cuts its values at a later secret's name itself, and they hold no `--`.)
 _VALUE_SECOND = frozenset({_prefixed, _bearer, _key})
 _REACH = 16  # past a value's end, where the operator of a name glued inside it may be
+MAX_GLUED = 4  # glued fields a pass searches on from in one line (see _sub)
 
 # What every pass needs somewhere in the line (a superset: their words' stems, a URL, an `@`,
 # a token prefix, a 20+ run): a line with none of it (most log lines) costs one scan instead
@@ -385,12 +386,15 @@ def _sub(pattern: Any, repl: Any, line: str) -> str:
     crowded is junk or an attack: nothing a reader needs.
 
     A name's value that runs into the next field glued to it (_EMBEDDED) is masked up to there,
-    and the search goes on from that field, whose name would be lost inside the mask.
+    and the pass searches on from that field (its name would be lost in the mask). Each such
+    restart costs a pass over the line (google-re2 converts a start position from characters to
+    bytes from the text's start), so past MAX_GLUED of them the rest of the line is hidden too.
     """
     pieces: list[str] = []
     end = 0
-    n = 0
-    while (m := pattern.search(line, end)) is not None:
+    n = glued_fields = 0
+    matches = pattern.finditer(line)
+    while (m := next(matches, None)) is not None:
         if n == MAX_PLACES:
             pieces.append(CROWDED)
             return "".join(pieces)
@@ -398,11 +402,16 @@ def _sub(pattern: Any, repl: Any, line: str) -> str:
         pieces.append(line[end : m.start()])
         if repl in _VALUE_SECOND:
             a, b = m.span(2)
-            glued = _EMBEDDED.search(line, a, b + _REACH)  # a name's operator may follow
-            if glued is not None and glued.start() < b:
-                head = line[a : glued.start()]
+            glued = _EMBEDDED.search(line[a : b + _REACH])  # a name's operator may follow
+            if glued is not None and glued.start() < b - a:
+                head = line[a : a + glued.start()]
                 pieces.append(m.group(1) + (_masked_value(head) if head else ""))
-                end = glued.start()  # past the name: group 1 is never empty
+                end = a + glued.start()
+                glued_fields += 1
+                if glued_fields > MAX_GLUED:
+                    pieces.append(CROWDED)
+                    return "".join(pieces)
+                matches = pattern.finditer(line, end)
                 continue
         pieces.append(repl(m) if callable(repl) else repl)
         end = m.end()
