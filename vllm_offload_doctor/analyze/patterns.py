@@ -16,7 +16,7 @@ import re
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 # A vLLM record longer than this (a huge `non-default args` dict) is read from its start only.
 MAX_TEXT = 16_384
@@ -221,8 +221,8 @@ def _block_scanner(words: tuple[tuple[str, bool], ...]) -> Scan | None:
             hi = size if hi < 0 else hi + 1
             found.clear()
             add = found.append
-            part = view[pos:hi]  # any buffer: no copy (the stubs say str or bytes)
-            db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w))  # type: ignore[type-var]
+            part = cast(bytes, view[pos:hi])  # any buffer: no copy (the stubs say str or bytes)
+            db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w))
             seg[:] = pos, hi, seg[2] + 1
 
         def walk(keep: Sequence[bool] | None) -> Callable[[bytes, int], Any]:

@@ -17,7 +17,10 @@ import dataclasses
 import re
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_offload_doctor.analyze.model import Analysis
 
 _DIGITS = re.compile(r"([0-9]+)")
 
@@ -175,8 +178,9 @@ class Recalled:
         self.offload = build(learned.offload, shift)
         self.facts = build(learned.facts, shift)
 
-    def analysis(self) -> Any:
-        return build(self._learned.analysis, self._shift)
+    def analysis(self) -> Analysis:
+        built: Analysis = build(self._learned.analysis, self._shift)
+        return built
 
 
 class Seen:

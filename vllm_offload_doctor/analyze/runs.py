@@ -284,9 +284,8 @@ class Runs:
         """The file's result: the last start's (the last that decides, when it does not), with all."""
         self.add(first, last, final, decides)
         event = self.last_event
-        chosen = final if decides or event is None else event
-        if isinstance(chosen, recall.Recalled):
-            chosen = chosen.analysis()
+        picked = final if decides or event is None else event
+        chosen = picked.analysis() if isinstance(picked, recall.Recalled) else picked
         return replace(
             chosen,
             file=final.file,
