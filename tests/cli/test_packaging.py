@@ -87,7 +87,7 @@ def test_every_skip_says_why(tmp_path: Path) -> None:
     missing = tmp_path / "no-corpus"
     env = {**os.environ, "OFFLOAD_DOCTOR_CORPUS": str(missing)}
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/analyze/test_inputs.py"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "tests/analyze/test_inputs.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     ).stdout  # fmt: skip
     skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -94,14 +95,30 @@ def test_readme_outputs_are_what_the_cli_prints() -> None:
     """Each sample output is regenerated (the CLI run, the H200 reports rendered) and compared."""
     from vllm_offload_doctor.inspect.procs import RealSource, find_servers
 
-    if find_servers(RealSource()):
-        pytest.skip("a `vllm serve` of this user runs here: inspect's sample would differ")
     outputs = load_script("readme_outputs")
     blocks = outputs.BLOCK.findall(README)
     kinds = {spec.split()[0] for _, spec, _, _ in blocks}
     assert kinds == {"run", "compare", "capture"}, kinds
-    assert outputs.refresh(README) == README, (
-        "README's sample outputs are stale: run `python scripts/readme_outputs.py --write README.md`"
+    # inspect's sample is the machine with no server. Another test's fake vLLM may run beside
+    # this one: that block is tried again, and excused only if a server ran at its last try.
+    stale: list[str] = []
+    for _, spec, shown, _ in blocks:
+        fresh = outputs.body(spec)
+        if fresh != shown and spec.startswith("run inspect"):
+            for _try in range(5):
+                time.sleep(1)
+                busy = bool(find_servers(RealSource()))
+                fresh = outputs.body(spec)
+                busy = busy or bool(find_servers(RealSource()))
+                if fresh == shown or not busy:
+                    break
+            if fresh != shown and busy:
+                continue  # another test's server stood in the way
+        if fresh != shown:
+            stale.append(spec)
+    assert not stale, (
+        f"README's sample outputs are stale ({stale}): "
+        "run `python scripts/readme_outputs.py --write README.md`"
     )
 
 

@@ -43,19 +43,20 @@ def port_free_within(port: int, seconds: float) -> bool:
     return True
 
 
-def cgroups() -> set[str]:
-    """The runs' cgroups under ours (none where no cgroup can be made: then nothing can leak)."""
+def cgroups(doctor: int) -> set[str]:
+    """The cgroups of the doctor with this pid under ours (none where no cgroup can be made: then
+    nothing can leak). Its own only: other tests may run compares beside this one."""
     base = own_cgroup_dir()
     if base is None:
         return set()
-    return {p.name for p in base.iterdir() if p.name.startswith(CGROUP_PREFIX)}
+    return {p.name for p in base.iterdir() if p.name.startswith(f"{CGROUP_PREFIX}{doctor}-")}
 
 
-def new_cgroups_within(before: set[str], seconds: float) -> set[str]:
+def cgroups_within(doctor: int, seconds: float) -> set[str]:
     deadline = time.monotonic() + seconds
-    while (new := cgroups() - before) and time.monotonic() < deadline:
+    while (left := cgroups(doctor)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return new
+    return left
 
 
 def cleanup(marker: str, pidfile: Path) -> list[int]:
@@ -78,25 +79,26 @@ def test_compare_ends_with_no_escapee_left(
 ) -> None:
     marker, pidfile, port = uuid.uuid4().hex, tmp_path / "escapees", free_port()
     out = tmp_path / "run"
-    before = cgroups()
+    proc = subprocess.Popen(
+        _argv(out, port),
+        env=_env(scenario, marker, FAKE_VLLM_ESCAPE=str(pidfile)),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        proc = subprocess.run(
-            _argv(out, port),
-            env=_env(scenario, marker, FAKE_VLLM_ESCAPE=str(pidfile)),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
+        _stdout, stderr = proc.communicate(timeout=90)
         left = gone_within(escapees(pidfile), 1)
         free = probe_port("127.0.0.1", port).free
     finally:
+        reap(proc)
         leftovers = cleanup(marker, pidfile)
     assert len(escapees(pidfile)) == 2, "each mode's server should have left one behind"
     assert left == [] and leftovers == [], f"left behind: {left or leftovers}"
     assert free, "the port is still taken after compare ended"
-    assert cgroups() - before == set(), "a run's cgroup was left behind"
-    assert proc.returncode == rc, proc.stderr
+    assert cgroups(proc.pid) == set(), "a run's cgroup was left behind"
+    assert proc.returncode == rc, stderr
     report = json.loads((out / "report.json").read_text())
     assert {m["label"]: m["status"] for m in report["modes"]} == statuses
     for m in report["modes"]:
@@ -143,7 +145,6 @@ def test_a_signalled_compare_leaves_no_escapee(tmp_path: Path, sig: int, rc: int
 def test_a_killed_compare_leaves_no_escapee(tmp_path: Path) -> None:
     # SIGKILL: no cleanup runs in the doctor; the guard (and its cgroup) take the tree down.
     marker, pidfile, port = uuid.uuid4().hex, tmp_path / "escapees", free_port()
-    before = cgroups()
     proc = _start_hanging(tmp_path, marker, pidfile, port)
     try:
         proc.send_signal(signal.SIGKILL)
@@ -159,4 +160,4 @@ def test_a_killed_compare_leaves_no_escapee(tmp_path: Path) -> None:
     assert left == [] and leftovers == [], f"left behind: {left or leftovers}"
     assert free, "the port is still taken after compare was killed"
     # The guard removes it once empty, a moment after the last member died.
-    assert new_cgroups_within(before, 5) == set(), "the guard left the run's cgroup behind"
+    assert cgroups_within(proc.pid, 5) == set(), "the guard left the run's cgroup behind"
