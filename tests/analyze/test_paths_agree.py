@@ -8,11 +8,11 @@ processing each of them in full gives.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from crash_loops import crash_loop
 
 from vllm_offload_doctor.analyze import engine as analyze
 from vllm_offload_doctor.analyze.patterns import declared, literal_matcher, span_finder
@@ -110,20 +110,6 @@ def test_a_missing_prefilter_word_makes_the_paths_disagree() -> None:
     assert unfiltered.facts.offloaded_gib
     assert filtered.facts.offloaded_gib is None
     assert _summary(filtered) != _summary(unfiltered)
-
-
-_PID = re.compile(r"pid=(\d+)")
-_TIME = re.compile(r"(\d\d-\d\d \d\d:\d\d):(\d\d)")
-
-
-def crash_loop(text: str, restarts: int) -> list[str]:
-    """The log as a crash-looping pod prints it: every restart with other pids and times."""
-    out: list[str] = []
-    for r in range(restarts):
-        block = _PID.sub(lambda m, r=r: f"pid={int(m.group(1)) + 7 * r}", text)
-        block = _TIME.sub(lambda m, r=r: f"{m.group(1)}:{(int(m.group(2)) + r) % 60:02d}", block)
-        out += block.rstrip("\n").split("\n")
-    return out
 
 
 def _full_and_replayed(lines: list[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_loops import crash_loop
 
 from vllm_offload_doctor.analyze import engine as analyze
 from vllm_offload_doctor.analyze import repeats
@@ -29,17 +29,6 @@ LOGS = sorted(
         *(CORPUS.glob("*.log") if CORPUS.is_dir() else ()),
     ]
 )
-_PID = re.compile(r"pid=(\d+)")
-_TIME = re.compile(r"(\d\d-\d\d \d\d:\d\d):(\d\d)")
-
-
-def crash_loop(text: str, restarts: int) -> list[str]:
-    out: list[str] = []
-    for r in range(restarts):
-        block = _PID.sub(lambda m, r=r: f"pid={int(m.group(1)) + 7 * r}", text)
-        block = _TIME.sub(lambda m, r=r: f"{m.group(1)}:{(int(m.group(2)) + r) % 60:02d}", block)
-        out += block.rstrip("\n").split("\n")
-    return out
 
 
 def _plain(value: Any) -> Any:

@@ -415,6 +415,17 @@ def test_full_disk_mid_run_keeps_partial_results(
 # ---------------------------------------------------------------------------- SIGKILL
 
 
+def _sigkill(proc: subprocess.Popen[bytes], marker: str) -> list[int]:
+    """SIGKILL the doctor; the pids of its servers still alive after "a few seconds" (the guard's
+    SIGTERM, then SIGKILL)."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    gone_by = time.monotonic() + 10
+    while time.monotonic() < gone_by and marked(marker):
+        time.sleep(0.1)
+    return [p.pid for p in marked(marker)]
+
+
 def test_sigkill_of_the_doctor_takes_the_server_down(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
     out = tmp_path / "run"
@@ -429,12 +440,7 @@ def test_sigkill_of_the_doctor_takes_the_server_down(tmp_path: Path) -> None:
         if not offload_server_up(out, marker):
             pytest.fail("the offload-mode server never started")
         server_pid = mode(json.loads((out / "report.json").read_text()), "0.5")["pid"]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        gone_by = time.monotonic() + 10  # "a few seconds": the guard's SIGTERM, then SIGKILL
-        while time.monotonic() < gone_by and marked(marker):
-            time.sleep(0.1)
-        survivors = [p.pid for p in marked(marker)]
+        survivors = _sigkill(proc, marker)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -509,12 +515,7 @@ def test_sigkill_at_any_moment_leaves_a_readable_report_and_nothing_that_blocks(
                 assert time.monotonic() < deadline, "the run never got there"
                 time.sleep(0.02)
             time.sleep(0.1)  # report.json is written a few ms after the lock (rendering)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        gone_by = time.monotonic() + 10  # the guard's SIGTERM, then SIGKILL
-        while time.monotonic() < gone_by and marked(marker):
-            time.sleep(0.1)
-        survivors = [p.pid for p in marked(marker)]
+        survivors = _sigkill(proc, marker)
     finally:
         if proc.poll() is None:
             proc.kill()
