@@ -26,7 +26,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,9 +41,10 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 FAKE = ROOT / "tests" / "fake-vllm"
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+from server_procs import MARKER, free_port, kill_marked, marked  # noqa: E402
+
 MB = 1_000_000
 MiB = 1 << 20
-MARKER = "FAKE_VLLM_TEST_MARKER"
 
 
 @dataclass
@@ -264,7 +264,7 @@ def compare_artifacts(side: Side) -> str:
     out = side.work / "secrets-run"
     env = {"FAKE_VLLM_SCENARIO": "effective", **SECRETS}
     r = run(side, ["compare", "--vllm-cmd", str(FAKE), "--model",
-                   "https://bob:Sup3r@S3cr3tPw@models.acme.corp/llama", "--port", str(port()),
+                   "https://bob:Sup3r@S3cr3tPw@models.acme.corp/llama", "--port", str(free_port()),
                    "--repeats", "1", "--warmup", "0", "--grace", "3", "--out", str(out)],
             env=env, timeout=180, cwd=side.work)  # fmt: skip
     texts = [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()]
@@ -465,7 +465,7 @@ def log_flood(side: Side, seconds: int = 10, limit: float = 300) -> str:
     out = side.work / "flood-run"
     marker = uuid.uuid4().hex
     env = {"FAKE_VLLM_SCENARIO": "effective", MARKER: marker, "TMPDIR": str(side.work)}
-    r = run(side, ["compare", "--vllm-cmd", str(script), "--port", str(port()), "--repeats", "1",
+    r = run(side, ["compare", "--vllm-cmd", str(script), "--port", str(free_port()), "--repeats", "1",
                    "--warmup", "0", "--grace", "3", "--out", str(out), "--timeout", "60"],
             env=env, timeout=limit, mem_gib=6, cwd=side.work)  # fmt: skip
     kill_marked(marker)
@@ -573,31 +573,8 @@ def batch(side: Side, files: int = 10_000) -> str:
 # -- compare: links, signals, disk, exposure -----------------------------------------------------
 
 
-def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def marked(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            if f"{MARKER}={marker}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.append(int(pid))
-    return found
-
-
-def kill_marked(marker: str) -> list[int]:
-    pids = marked(marker)
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return pids
-
-
 def compare_argv(out: Path, *more: str) -> list[str]:
-    return ["compare", "--vllm-cmd", str(FAKE), "--port", str(port()), "--repeats", "1",
+    return ["compare", "--vllm-cmd", str(FAKE), "--port", str(free_port()), "--repeats", "1",
             "--warmup", "0", "--grace", "3", "--out", str(out), *more]  # fmt: skip
 
 
@@ -612,9 +589,9 @@ def _two_servers_up(marker: str, seconds: float = 60) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         cmdlines = []
-        for pid in marked(marker):
+        for p in marked(marker):
             with contextlib.suppress(OSError):
-                cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+                cmdlines.append(Path(f"/proc/{p.pid}/cmdline").read_bytes())
         if any(b"--cpu-offload-gb\x000.5" in c for c in cmdlines):
             return True
         time.sleep(0.1)

@@ -16,32 +16,12 @@ from typing import Any
 
 import psutil
 import pytest
-from server_procs import free_port
+from server_procs import MARKER, free_port, kill_marked, marked
 
 pytest.importorskip("vllm_offload_doctor.analyze.engine")
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fake-vllm"
-MARKER = "FAKE_VLLM_TEST_MARKER"
-
-
-def marked(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get(MARKER) == marker:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
-def kill_marked(marker: str) -> list[int]:
-    procs = marked(marker)
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    return [p.pid for p in procs]
 
 
 def _env(scenario: str, marker: str, **extra: str) -> dict[str, str]:

@@ -574,7 +574,7 @@ class _State:
         cause)."""
         clues = self.clues
         if len(clues.stack) < 3:
-            if plan.lent is repeats._UNREAD:
+            if plan.lent is repeats.UNREAD:
                 plan.lent = verdict.lent_of(plan.msg)
             if plan.lent is not None:
                 clues.stack.append((Evidence(no, scrub_cut(text, 400)), plan.lent))
@@ -656,13 +656,14 @@ class _State:
         Hyperscan's match is enough."""
         found: tuple[tuple[Rule, dict[str, Any]], ...] = ()
         msg, text = line.msg, line.text
-        data = {"message": msg.encode()}
+        data: dict[str, bytes] = {}  # each text in UTF-8, encoded once where needed
         if self._selectors is None:
             self._matched_lines += 1
             if self._matched_lines >= INDEX_AFTER:  # many lines: worth compiling
                 self._selectors = self._make_selectors()
         if not self._selectors:  # RE2 only: one scan for all keywords, then each keyword
-            if not self._rule_words(text.encode(), 0):
+            data["line"] = text.encode()
+            if not self._rule_words(data["line"], 0):
                 return found
             hit = {i for k, rules in self._owners["message"] if k in msg for i in rules}
             if self._owners["line"]:
@@ -670,7 +671,10 @@ class _State:
             chosen: Selected = [(i, self._every[i], ()) for i in sorted(hit)]
         else:
             by_msg, by_line = self._selectors
-            chosen = by_msg(data["message"]) if by_msg is not None else []
+            chosen = []
+            if by_msg is not None:
+                data["message"] = msg.encode()
+                chosen = by_msg(data["message"])
             if by_line is not None:
                 data["line"] = text.encode()
                 chosen = sorted([*chosen, *by_line(data["line"])])

@@ -478,12 +478,10 @@ class Bounded:
         answer is not memoised (the engine keeps a line's plan); `regex`'s is, as `search`'s.
         """
         if self._match is None:
-            found = self._run(True, text, DEFAULT_TIMEOUT_S)
-            if found is _GAVE_UP:
-                return None, True
+            found, gave_up = self.attempt(text)
             return (
                 None if found is None else {k: v for k, v in found.groupdict().items() if v}
-            ), False
+            ), gave_up
         spans = self._match(data, 0, len(data))
         if spans[0][0] < 0:
             return None, False

@@ -84,7 +84,7 @@ class Memo:
         return len(self.entries)
 
 
-_UNREAD: Any = object()  # a Plan's stack entry, until a line asks for it
+UNREAD: Any = object()  # a Plan's stack entry, until a line asks for it
 
 
 class Plan:
@@ -134,7 +134,7 @@ class Plan:
         self.notable = notable  # listed among the notable lines
         self.matches = matches  # (rule, named groups) of the rules whose patterns match
         self.wrapped = wrapped  # 'Value error, ...': verdict.wrapped_of
-        self.lent: Any = _UNREAD  # the stack catalogue's entry for the message, read once asked
+        self.lent: Any = UNREAD  # the stack catalogue's entry for the message, read once asked
         # The line's text: the raw line's from `start`, stripped (tail None), else the left out
         # prefix (repeats.split) and the tail; its pid, where it is not the prefix's.
         self.start = 0
