@@ -58,6 +58,7 @@ DEFAULT_MAX_BYTES = 1 << 30
 MAX_RATIO = 200
 RATIO_AFTER = 16 << 20
 _HEAD = 4096  # bytes looked at to tell an encoding
+_PROBE = 64 << 10  # the tail read_lines looks at for a line end
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +352,30 @@ class _Text:
 
     read = read1
 
+    def read_lines(self, n: int) -> bytes:
+        """read1's bytes, ending at a line's end where a plain file allows: iter_blocks then
+        yields the read as it is, with no copy to join a line cut in two (a looked-at tail
+        tells where the last line end of the next n bytes is). read1's otherwise."""
+        fd = self._fd()
+        if fd is None or n <= _PROBE or self.head or self.failed is not None:
+            return self.read1(n)
+        try:
+            at = self.stream.tell()
+            tail = os.pread(fd, _PROBE, at + n - _PROBE)
+        except OSError:  # read1 meets it too, and says what it is
+            return self.read1(n)
+        end = tail.rfind(b"\n")
+        return self.read1(n - _PROBE + end + 1 if end >= 0 else n)
+
+    def _fd(self) -> int | None:
+        """The descriptor of a regular file read as it is (no decoder, no decompression)."""
+        if self.decoder is not None or not isinstance(self.stream, io.BufferedReader):
+            return None
+        try:
+            return self.stream.fileno()
+        except (OSError, ValueError):
+            return None
+
     def close(self) -> None:
         self.stream.close()
 
@@ -432,7 +457,7 @@ def _read_chunks(stream: BinaryIO) -> Iterator[bytes]:
     `read1` keeps what a truncated gzip stream decompressed before it ended: a plain
     `read(BLOCK)` loses the whole partial block when the decoder raises.
     """
-    read = getattr(stream, "read1", None) or stream.read
+    read = getattr(stream, "read_lines", None) or getattr(stream, "read1", None) or stream.read
     while True:
         parts: list[bytes] = []
         size = 0
@@ -443,6 +468,8 @@ def _read_chunks(stream: BinaryIO) -> Iterator[bytes]:
                     break
                 parts.append(piece)
                 size += len(piece)
+                if size > BLOCK - _PROBE and piece.endswith(b"\n"):
+                    break  # read_lines' block: whole lines, taken as it is
         except (EOFError, zlib.error, lzma.LZMAError, OSError, TruncatedInput) as exc:
             # OSError: gzip.BadGzipFile, bz2's "Invalid data stream", a read error.
             if parts:
@@ -553,6 +580,18 @@ def iter_blocks(stream: BinaryIO) -> Iterator[bytes]:
             carry = carry[cut:]
     if carry:
         yield carry + b"\n"
+
+
+_WIDE = 64 << 10  # a span newlines counts with replace
+
+
+def newlines(data: bytes, lo: int, hi: int) -> int:
+    """data.count(b"\n", lo, hi), at nearly twice the speed on a wide span: count tests every
+    byte, replace finds each line end with memchr (a log's lines are 100-200 bytes apart)."""
+    if hi - lo < _WIDE:
+        return data.count(b"\n", lo, hi)
+    part = data if lo == 0 and hi == len(data) else data[lo:hi]
+    return len(part) - len(part.replace(b"\n", b""))
 
 
 NUL_HOLE = re.compile(rb"\x00{16,}")
