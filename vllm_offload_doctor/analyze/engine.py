@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.analyze import logread, recall, repeats, reports, runs, verdict
+from vllm_offload_doctor.analyze.ahead import Ahead, PieceScan, read_ahead
 from vllm_offload_doctor.analyze.facts import FactCollector, Ops, extract, frame_of
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
@@ -114,7 +115,8 @@ class Engine:
     def analyze_source(self, source: logread.Source) -> Analysis:
         stream = logread.open_source(source, self.max_bytes)
         try:
-            return self._analyze_stream(stream, source.name)
+            # A file is read ahead by a thread (ahead.py); stdin, which may block, is not.
+            return self._analyze_stream(stream, source.name, ahead=source.path is not None)
         finally:
             if source.path is not None:
                 stream.close()
@@ -136,14 +138,23 @@ class Engine:
                 state.feed_raw(no, part)
         return state.finish(name, lines_read=state.last_no)
 
-    def _analyze_stream(self, stream: Any, name: str) -> Analysis:
+    def _analyze_stream(self, stream: Any, name: str, ahead: bool = False) -> Analysis:
         state = _State(self.rules, self.knowledge, self.visible, self.fast)
         error: str | None = None
         line_base = 0
         first = True
         carried = b""  # from a start's first line (fed) to the block's end: see _scan
+        blocks = logread.iter_blocks(stream)
+        # The thread scans ahead with the served words only: a serving log's bulk.
+        served_scan: list[PieceScan | None] = [None]
+        aheads = (
+            read_ahead(blocks, lambda: served_scan[0] if state.collector.served_requests else None)
+            if ahead and self.fast
+            else map(Ahead, blocks)
+        )
         try:
-            for block in logread.iter_blocks(stream):
+            for read in aheads:
+                block = read.data
                 if first:
                     first = False
                     if logread.looks_binary(block[:8192]):
@@ -153,9 +164,10 @@ class Engine:
                         state.saw_level = True
                 if carried:
                     block, carried = carried + block, b""
+                    read.take()  # its offsets moved
                     line_base, cut = self._scan(block, line_base, state, resumed=True)
                 else:
-                    line_base, cut = self._scan_block(block, line_base, state)
+                    line_base, cut = self._scan_block(block, line_base, state, read, served_scan)
                 if cut is not None:
                     carried = block[cut:]
             if carried:
@@ -164,15 +176,28 @@ class Engine:
             error = str(exc)
         except logread.TruncatedInput as exc:
             error = f"input ended early ({exc}); analysed what could be read"
+        finally:
+            if isinstance(aheads, Generator):
+                aheads.close()  # the thread stops now, not when the error's frames are freed
         if first:
             raise InputError(f"{name}: empty file")
         return state.finish(name, lines_read=line_base, error=error)
 
-    def _scan_block(self, block: bytes, line_base: int, state: _State) -> tuple[int, int | None]:
+    def _scan_block(
+        self,
+        block: bytes,
+        line_base: int,
+        state: _State,
+        read: Ahead | None = None,
+        served_scan: list[PieceScan | None] | None = None,
+    ) -> tuple[int, int | None]:
         """Feed a block's interesting lines; returns the line count after them and where the
-        scan stopped to be carried into the next block (see _scan), or None."""
+        scan stopped to be carried into the next block (see _scan), or None. `read`: the block
+        as read ahead, the served words' scan begun (served_scan[0] set for the next ones)."""
         if b"\0" not in block:
-            return self._scan(block, line_base, state)
+            return self._scan(block, line_base, state, read=read, served_scan=served_scan)
+        if read is not None:
+            read.take()
         # A hole of NUL bytes: a second writer's lines follow (runs.py); each side is scanned.
         for i, part in enumerate(logread.NUL_HOLE.split(block)):
             if i:
@@ -180,10 +205,17 @@ class Engine:
             line_base, _ = self._scan(part, line_base, state, last=True)
         return line_base, None
 
-    def _finders(self, block: bytes, state: _State) -> tuple[Any, Any]:
+    def _finders(
+        self,
+        block: bytes,
+        state: _State,
+        read: Ahead | None = None,
+        served_scan: list[PieceScan | None] | None = None,
+    ) -> tuple[Any, Any]:
         """The prefilter's finds over a block (all words, the served ones): Hyperscan's for a big
         block when it is installed (compiled on first need: a short log never pays its 20-40 ms),
-        else RE2's."""
+        else RE2's. The served finds begin with what the read-ahead scanned of `read`."""
+        pieces = read.take() if read is not None else ()
         if not self.fast or len(block) < HYPERSCAN_BLOCK:
             return self._find, self._find_served
         if self._scanners is None:
@@ -197,7 +229,9 @@ class Engine:
             return self._find, self._find_served
         every, only, keep = self._scanners
         if state.collector.served_requests:  # most of a serving log: its bulk words left out
-            return self._find, only(block, [None])[0]  # a start after it begins with RE2's
+            if served_scan is not None and served_scan[0] is None:
+                served_scan[0] = only.piece_scan()
+            return self._find, only(block, [None], pieces)[0]  # a start after it: RE2's
         find_all, find_served = every(block, [None, keep])
         return find_all, find_served
 
@@ -209,6 +243,8 @@ class Engine:
         *,
         resumed: bool = False,
         last: bool = False,
+        read: Ahead | None = None,
+        served_scan: list[PieceScan | None] | None = None,
     ) -> tuple[int, int | None]:
         """Feed the block's interesting lines (lines line_base + 1 on); returns the line count
         after them and None, or, where a start that an echo start may repeat runs past the
@@ -216,7 +252,7 @@ class Engine:
         from there again with the next block joined (`resumed`: its first line is fed already).
         `last`: nothing follows."""
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        find_all, find_served = self._finders(block, state)
+        find_all, find_served = self._finders(block, state, read, served_scan)
         feed = state.feed_raw
         pos = 0
         counted_to = 0
@@ -240,7 +276,7 @@ class Engine:
             end = block.find(b"\n", span[1])
             if end < 0:
                 end = size
-            line_no += block.count(b"\n", counted_to, start)
+            line_no += logread.newlines(block, counted_to, start)
             counted_to = start
             raw = block[start:end].decode("utf-8", "replace")
             if len(raw) < SPLIT_THRESHOLD:
@@ -255,7 +291,7 @@ class Engine:
                 for part in split_long(raw):
                     feed(line_no + 1, part)
             pos = end + 1
-        return line_no + block.count(b"\n", counted_to), None
+        return line_no + logread.newlines(block, counted_to, size), None
 
     @staticmethod
     def _cut_short(state: _State, served: bool, block: bytes, start: int) -> bool:

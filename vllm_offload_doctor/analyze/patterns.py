@@ -169,63 +169,72 @@ def span_finder(rx: Any) -> Callable[[bytes, int], tuple[int, int] | None]:
 
 
 SEGMENT = 128 << 10  # bytes of a block scanned at once by block_scanner's finds
+PIECE = 256 << 10  # bytes of a block scanned at once by a piece scan (ahead.py)
 
-Scan = Callable[[bytes, Sequence[Sequence[bool] | None]], list[Callable[[bytes, int], Any]]]
-
-
-def block_scanner(words: Sequence[tuple[str, bool]]) -> Scan | None:
-    """`span_finder`'s find over Hyperscan: one scan of a whole block instead of a search per line.
-
-    RE2's DFA over ~350 literals runs at ~250 MB/s and costs a few microseconds a call; one
-    Hyperscan scan (SIMD literal matching, over 1 GB/s) reports every match of the block, and
-    find then walks them. `scan(block, keeps)` gives a find over that block for each `keep` (the
-    words it reports, None: all), called with growing positions. None when Hyperscan is
-    not installed (it is optional: wheels exist for x86-64 Linux, macOS and Windows) or refuses a
-    word: the engine keeps RE2. The match that ends first among those starting at `pos` is on the
-    first line holding a word, as RE2's leftmost match is, so both feed the same lines.
-    """
-    return _block_scanner(tuple(words))
+# (first offset, offset after the last, (end << 16 | word) of every match between, by their ends)
+Piece = tuple[int, int, list[int]]
+Find = Callable[[bytes, int], Any]
 
 
-@functools.lru_cache(maxsize=8)
-def _block_scanner(words: tuple[tuple[str, bool], ...]) -> Scan | None:
-    if not words or len(words) >= 1 << 16:
-        return None
-    try:
+class BlockScan:
+    """`block_scanner`'s scan: called as scan(block, keeps, pieces=()), a find over the block for
+    each `keep` (the words it reports, None: all), called with growing positions. `pieces`: the
+    block's scan from offset 0 on, done ahead by piece_scan's function (ahead.py); the finds
+    scan the rest."""
+
+    def __init__(self, db: Any, sizes: list[int]) -> None:
+        self._db = db
+        self._sizes = sizes
+
+    def piece_scan(self) -> Callable[[bytes, int], Piece]:
+        """A function (block, offset) -> the Piece from there, for one other thread: it scans
+        with a scratch of its own (Hyperscan's may serve one scan at a time)."""
         import hyperscan
 
-        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        db.compile(
-            expressions=[w.encode() for w, _ in words],
-            ids=list(range(len(words))),
-            elements=len(words),
-            flags=[hyperscan.HS_FLAG_CASELESS if icase else 0 for _, icase in words],
-            literal=True,
-        )
-    except Exception:  # not installed, or a build that refuses the words
-        return None
-    sizes = [len(w.encode()) for w, _ in words]
+        db, scratch = self._db, hyperscan.Scratch(self._db)
 
-    def scan(
-        block: bytes, keeps: Sequence[Sequence[bool] | None]
-    ) -> list[Callable[[bytes, int], Any]]:
+        def scan(block: bytes, at: int) -> Piece:
+            hi = block.find(b"\n", at + PIECE) + 1 or len(block)
+            found: list[int] = []
+            add = found.append
+            part = cast(bytes, memoryview(block)[at:hi])  # any buffer: no copy
+            db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w),
+                    scratch=scratch)  # fmt: skip
+            return at, hi, found
+
+        return scan
+
+    def __call__(
+        self, block: bytes, keeps: Sequence[Sequence[bool] | None], pieces: Sequence[Piece] = ()
+    ) -> list[Find]:
         # The block is scanned a segment at a time, from where a find is asked first: the bytes
         # a caller skips (a crash loop's echoed restarts) are never scanned.
-        found: list[int] = []  # (end << 16 | word) of every match of the segment, by their ends
-        seg = [0, 0, 0]  # the segment's first and last offsets (+1), and its number
+        db, sizes = self._db, self._sizes
         size = len(block)
         view = memoryview(block)
+        starts = [lo for lo, _hi, _found in pieces]
+        ahead = pieces[-1][1] if pieces else 0
+        seg: list[Any] = [
+            0,
+            0,
+            0,
+            [],
+        ]  # the segment's offsets (first, after the last), number, finds
 
         def segment(pos: int) -> None:
-            hi = block.find(b"\n", pos + SEGMENT)
-            hi = size if hi < 0 else hi + 1
-            found.clear()
-            add = found.append
-            part = cast(bytes, view[pos:hi])  # any buffer: no copy (the stubs say str or bytes)
-            db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w))
-            seg[:] = pos, hi, seg[2] + 1
+            if pos < ahead:
+                lo, hi, found = pieces[bisect.bisect_right(starts, pos) - 1]
+            else:
+                lo = pos
+                hi = block.find(b"\n", pos + SEGMENT)
+                hi = size if hi < 0 else hi + 1
+                found = []
+                add = found.append
+                part = cast(bytes, view[pos:hi])  # any buffer: no copy (the stubs say str or bytes)
+                db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w))
+            seg[:] = lo, hi, seg[2] + 1, found
 
-        def walk(keep: Sequence[bool] | None) -> Callable[[bytes, int], Any]:
+        def walk(keep: Sequence[bool] | None) -> Find:
             at = 0
             mine = -1  # the segment `at` points into
 
@@ -234,7 +243,7 @@ def _block_scanner(words: tuple[tuple[str, bool], ...]) -> Scan | None:
                 while pos < size:
                     if not seg[0] <= pos < seg[1]:
                         segment(pos)
-                    lo, hi, number = seg
+                    lo, hi, number, found = seg
                     if mine != number:
                         at, mine = 0, number
                     rel = pos - lo
@@ -252,7 +261,39 @@ def _block_scanner(words: tuple[tuple[str, bool], ...]) -> Scan | None:
 
         return [walk(keep) for keep in keeps]
 
-    return scan
+
+def block_scanner(words: Sequence[tuple[str, bool]]) -> BlockScan | None:
+    """`span_finder`'s find over Hyperscan: one scan of a whole block instead of a search per line.
+
+    RE2's DFA over ~350 literals runs at ~250 MB/s and costs a few microseconds a call; one
+    Hyperscan scan (SIMD literal matching, over 1 GB/s) reports every match of the block, and
+    find then walks them. None when Hyperscan is not installed (it is optional: wheels exist for
+    x86-64 Linux, macOS and Windows) or refuses a word: the engine keeps RE2. The match that ends
+    first among those starting at `pos` is on the first line holding a word, as RE2's leftmost
+    match is, so both feed the same lines. A piece or segment ends at a line's end and no word
+    holds one, so where the scan was cut never changes a find.
+    """
+    return _block_scanner(tuple(words))
+
+
+@functools.lru_cache(maxsize=8)
+def _block_scanner(words: tuple[tuple[str, bool], ...]) -> BlockScan | None:
+    if not words or len(words) >= 1 << 16 or any("\n" in w for w, _ in words):
+        return None
+    try:
+        import hyperscan
+
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        db.compile(
+            expressions=[w.encode() for w, _ in words],
+            ids=list(range(len(words))),
+            elements=len(words),
+            flags=[hyperscan.HS_FLAG_CASELESS if icase else 0 for _, icase in words],
+            literal=True,
+        )
+    except Exception:  # not installed, or a build that refuses the words
+        return None
+    return BlockScan(db, [len(w.encode()) for w, _ in words])
 
 
 # (group, the indexes of the patterns to try in order, those of them sure to match)
