@@ -118,8 +118,9 @@ def placed_secret(draw: st.DrawFn) -> tuple[str, str]:
     line = draw(st.sampled_from(options))
     # The place's own words are not the secret: a value that is also a piece of them
     # (`example.co` of `mirror.example.com`) would be found there, masked or not.
+    # Placed once: replacing it also removes such a piece (`alice:example.co@mirror.example.com`).
     fixed = line.replace(v, " ") + " ERROR 11-29 15:14:25 [core.py:1] "
-    assume(v not in fixed and v[-8:] not in fixed)
+    assume(line.count(v) == 1 and v not in fixed and v[-8:] not in fixed)
     return line, v
 
 
