@@ -19,6 +19,7 @@ from vllm_offload_doctor.analyze import ahead, logread, patterns
 from vllm_offload_doctor.analyze import engine as analyze
 from vllm_offload_doctor.analyze.render import Renderer
 
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = [("ERROR", False), ("Traceback", False), ("out of memory", True), ("KV cache", False)]
 
 
@@ -92,10 +93,10 @@ def test_newlines_counts_as_bytes_count(data: bytes, draw: st.DataObject) -> Non
     assert logread.newlines(data, 0, len(data)) == data.count(b"\n")
 
 
-def _read_ahead(
-    blocks: Iterator[bytes], scan: ahead.PieceScan | None = None
-) -> Iterator[ahead.Ahead]:
-    return ahead.read_ahead(blocks, lambda: scan)
+def _read_ahead(blocks: Iterator[bytes], scan: ahead.PieceScan | None = None) -> ahead.Reads:
+    reads = ahead.Reads(blocks, lambda: scan)
+    reads.ahead(True)
+    return reads
 
 
 def _alive() -> list[threading.Thread]:
@@ -142,6 +143,19 @@ def test_the_thread_ends_with_its_caller_and_the_switch_interval_comes_back() ->
     assert sys.getswitchinterval() == before
 
 
+def test_blocks_read_ahead_and_not_taken_come_next_when_the_thread_stops() -> None:
+    scan = _scan_or_skip()
+    blocks = [b"%d ERROR\n" % i * 5000 for i in range(12)]
+    reads = _read_ahead(iter(blocks), scan.piece_scan())
+    got = [next(reads).data, next(reads).data]
+    time.sleep(0.05)  # the thread reads DEPTH blocks ahead meanwhile
+    reads.ahead(False)
+    assert not _alive()
+    got += [read.data for read in reads]  # the ones it read, then the engine's own reads
+    assert got == blocks
+    reads.ahead(False)  # stopping twice, or when stopped, is a no-op
+
+
 def test_a_regular_file_is_read_in_whole_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -178,15 +192,15 @@ def _serving_log(path: Path) -> None:
         "(APIServer pid=7) INFO 12-02 10:{m:02d}:00 [loggers.py:1] Engine 000: Avg prompt "
         "throughput: {n}.0 tokens/s, Running: 1 reqs, GPU KV cache usage: 1.0%"
     )
-    warn = (
-        "(EngineCore pid=9) WARNING 12-02 10:{m:02d}:01 [scheduler.py:1] Sequence group {n} is "
-        "preempted by PreemptionMode.RECOMPUTE because there is not enough KV cache space."
+    bad = (  # a word the served scan keeps: found in the thread's pieces or the engine's scan
+        "(APIServer pid=7) ERROR 12-02 10:{m:02d}:01 [serving_chat.py:1] Error in preprocessing "
+        "prompt inputs of request {n}"
     )
     body = list(start)
     for n in range(40_000):
         body.append(access.format(n=n) if n % 7 else stats.format(m=n % 60, n=n))
         if n % 4999 == 4998:
-            body.append(warn.format(m=n % 60, n=n))
+            body.append(bad.format(m=n % 60, n=n))
     body += [
         "(EngineCore pid=9) ERROR 12-02 11:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of "
         "memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB of which "
@@ -226,16 +240,54 @@ def test_a_served_log_read_ahead_is_judged_as_the_line_by_line_engine_judges_it(
     assert [r.verdict.category.value for r in analysis.runs] == ["oom_runtime"]
 
 
-def test_a_file_refused_at_its_first_block_leaves_no_thread_reading(
+def _small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many blocks and pieces in a 3 MB log; Hyperscan for every block."""
+    monkeypatch.setattr(logread, "BLOCK", 128 << 10)
+    monkeypatch.setattr(logread, "_PROBE", 8 << 10)
+    monkeypatch.setattr(patterns, "PIECE", 8 << 10)
+    monkeypatch.setattr(analyze, "HYPERSCAN_BLOCK", 0)
+
+
+def test_an_error_while_the_thread_reads_ahead_leaves_no_thread_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(logread, "BLOCK", 64 << 10)
-    path = tmp_path / "core.log"
-    path.write_bytes(bytes(range(256)) * 8192)  # 2 MiB that are not text: refused at once
+    _scan_or_skip()
+    _small_blocks(monkeypatch)
+    path = tmp_path / "served.log"
+    _serving_log(path)
+    real = analyze._State.feed_raw
+
+    def feed_raw(self: analyze._State, no: int, raw: str) -> None:
+        if "request 24994" in raw:  # deep in the served bulk: the thread is reading ahead
+            assert _alive()
+            raise KeyboardInterrupt
+        real(self, no, raw)
+
+    monkeypatch.setattr(analyze._State, "feed_raw", feed_raw)
     try:
         analyze.Engine().analyze_file(path)
-    except analyze.InputError as exc:  # checked while the error (and its frames) still lives
-        assert "binary" in str(exc)
+    except KeyboardInterrupt:  # checked while the error (and its frames) still lives
         assert not _alive()
     else:
-        pytest.fail("a binary file was analysed")
+        pytest.fail("the interrupt was lost")
+
+
+def test_a_log_that_never_serves_is_read_without_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # There the engine runs Python, and a thread would mostly wait for the GIL (ahead.Reads).
+    _small_blocks(monkeypatch)
+    started = []
+    real_run = ahead.Reads._run
+
+    def run(self: ahead.Reads) -> None:
+        started.append(self)
+        real_run(self)
+
+    monkeypatch.setattr(ahead.Reads, "_run", run)
+    path = tmp_path / "loop.log"
+    start = (ROOT / "fixtures" / "logs" / "oom-weights-0.25.1.log").read_text(encoding="utf-8")
+    path.write_text(start * (3_000_000 // len(start)), encoding="utf-8")
+    analysis = analyze.Engine().analyze_file(path)
+    assert analysis.runs[0].starts > 20  # identical starts, merged into one run
+    assert started == []

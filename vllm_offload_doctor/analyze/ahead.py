@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from vllm_offload_doctor.analyze.patterns import Piece
@@ -74,44 +75,82 @@ def _restore_switch() -> None:
             sys.setswitchinterval(_switch_saved)
 
 
-def read_ahead(blocks: Iterator[bytes], scanner: Callable[[], PieceScan | None]) -> Iterator[Ahead]:
-    """`blocks` read in a thread, DEPTH ahead; `scanner()`, asked as each block is read, gives
-    the scan to run on it until taken (None: none). An error reading is raised where its block
-    would have come. The thread stops when the caller stops."""
-    out: queue.Queue[object] = queue.Queue(DEPTH)
-    stop = threading.Event()
+class Reads:
+    """A file's blocks for the engine, as Ahead records: read by the engine's thread, or, while
+    `ahead(True)` holds, by a thread DEPTH blocks ahead that scans each one with `scanner()`'s
+    scan (asked as the block is read; None: none) until taken. An error reading is raised where
+    its block would have come. close() stops the thread.
 
-    def run() -> None:
-        try:
-            for data in blocks:
-                block = Ahead(data)
-                out.put(block)
-                if stop.is_set():
-                    return
-                block._scan(scanner())
-            out.put(_END)
-        except BaseException as exc:  # given to the caller, in order
-            out.put(exc)
+    Only a served log's bulk pays for the thread: there the engine mostly waits on Hyperscan,
+    which releases the GIL. Where it runs Python (a crash loop, an error-dense log) the thread
+    mostly waits for the GIL, and takes it at each RE2 match (which releases it): measured 20 %
+    slower on a crash loop, so the engine asks for the thread only while its start serves.
+    """
 
-    thread = threading.Thread(target=run, name="offload-doctor read-ahead", daemon=True)
-    _lower_switch()
-    try:
-        thread.start()
-        while True:
-            item = out.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            assert isinstance(item, Ahead)
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # a put waiting for room returns, then the thread sees stop
+    def __init__(self, blocks: Iterator[bytes], scanner: Callable[[], PieceScan | None]) -> None:
+        self._blocks = blocks
+        self._scanner = scanner
+        self._back: deque[object] = deque()  # what the thread read that the engine did not take
+        self._out: queue.Queue[object] = queue.Queue(DEPTH)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __iter__(self) -> Reads:
+        return self
+
+    def __next__(self) -> Ahead:
+        if self._back:
+            item = self._back.popleft()
+        elif self._thread is not None:
+            item = self._out.get()
+        else:
+            return Ahead(next(self._blocks))
+        if item is _END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        assert isinstance(item, Ahead)
+        return item
+
+    def ahead(self, on: bool) -> None:
+        """Read ahead in a thread from the next block on, or stop doing so."""
+        if on and self._thread is None and not self._back:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name="offload-doctor read-ahead", daemon=True
+            )
+            _lower_switch()
+            self._thread.start()
+        elif not on:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the thread; what it read and the engine did not take comes next, unscanned."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        while thread.is_alive() or not self._out.empty():  # a put waiting for room returns
             try:
-                item = out.get(timeout=0.05)
+                item = self._out.get(timeout=0.05)
             except queue.Empty:
                 continue
             if isinstance(item, Ahead):
-                item._taken = True
+                item._taken = True  # its scan stops; take() gives what it found
+            self._back.append(item)
+        self._thread = None
         _restore_switch()
+
+    def _run(self) -> None:
+        try:
+            for data in self._blocks:
+                block = Ahead(data)
+                self._out.put(block)
+                if self._stop.is_set():
+                    return
+                block._scan(self._scanner())
+                if self._stop.is_set():
+                    return
+            self._out.put(_END)
+        except BaseException as exc:  # given to the engine, in order
+            self._out.put(exc)

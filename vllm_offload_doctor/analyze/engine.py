@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.analyze import logread, recall, repeats, reports, runs, verdict
-from vllm_offload_doctor.analyze.ahead import Ahead, PieceScan, read_ahead
+from vllm_offload_doctor.analyze.ahead import Ahead, PieceScan, Reads
 from vllm_offload_doctor.analyze.facts import FactCollector, Ops, extract, frame_of
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
@@ -115,7 +115,7 @@ class Engine:
     def analyze_source(self, source: logread.Source) -> Analysis:
         stream = logread.open_source(source, self.max_bytes)
         try:
-            # A file is read ahead by a thread (ahead.py); stdin, which may block, is not.
+            # A file may be read ahead by a thread (ahead.py); stdin, which may block, is not.
             return self._analyze_stream(stream, source.name, ahead=source.path is not None)
         finally:
             if source.path is not None:
@@ -144,16 +144,14 @@ class Engine:
         line_base = 0
         first = True
         carried = b""  # from a start's first line (fed) to the block's end: see _scan
-        blocks = logread.iter_blocks(stream)
-        # The thread scans ahead with the served words only: a serving log's bulk.
+        # The served words' scan (for the read-ahead thread: ahead.py), once a big block served.
         served_scan: list[PieceScan | None] = [None]
-        aheads = (
-            read_ahead(blocks, lambda: served_scan[0] if state.collector.served_requests else None)
-            if ahead and self.fast
-            else map(Ahead, blocks)
+        reads = Reads(
+            logread.iter_blocks(stream),
+            lambda: served_scan[0] if state.collector.served_requests else None,
         )
         try:
-            for read in aheads:
+            for read in reads:
                 block = read.data
                 if first:
                     first = False
@@ -170,6 +168,10 @@ class Engine:
                     line_base, cut = self._scan_block(block, line_base, state, read, served_scan)
                 if cut is not None:
                     carried = block[cut:]
+                if ahead:  # a thread reads and scans ahead while the start serves
+                    reads.ahead(
+                        served_scan[0] is not None and bool(state.collector.served_requests)
+                    )
             if carried:
                 line_base, _ = self._scan(carried, line_base, state, resumed=True, last=True)
         except logread.InputStopped as exc:
@@ -177,8 +179,7 @@ class Engine:
         except logread.TruncatedInput as exc:
             error = f"input ended early ({exc}); analysed what could be read"
         finally:
-            if isinstance(aheads, Generator):
-                aheads.close()  # the thread stops now, not when the error's frames are freed
+            reads.close()  # the thread stops now, not when an error's frames are freed
         if first:
             raise InputError(f"{name}: empty file")
         return state.finish(name, lines_read=line_base, error=error)
