@@ -7,12 +7,10 @@ as fast as in one process. A worker ignores SIGINT: Ctrl+C is the parent's to ha
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +96,9 @@ def analyze_all(
         for source in sources:
             yield run_one(engine, job, source)
         return
+    import multiprocessing  # here: a single log's start-up never pays for them (~8 ms)
+    from concurrent.futures import ProcessPoolExecutor
+
     # fork where the platform has it: the workers start with this process's imports.
     method = "fork" if sys.platform.startswith("linux") else None
     pool = ProcessPoolExecutor(workers, multiprocessing.get_context(method), _init, (job,))
