@@ -291,3 +291,19 @@ def test_a_log_that_never_serves_is_read_without_a_thread(
     analysis = analyze.Engine().analyze_file(path)
     assert analysis.runs[0].starts > 20  # identical starts, merged into one run
     assert started == []
+
+
+def test_without_pread_a_file_is_read_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logread, "BLOCK", 64 << 10)
+    monkeypatch.setattr(logread, "_PROBE", 8 << 10)
+    monkeypatch.delattr(logread.os, "pread")  # Windows
+    body = b"".join(b"line %d\n" % i for i in range(40_000))
+    path = tmp_path / "a.log"
+    path.write_bytes(body)
+    stream = logread.open_source(logread.Source("a.log", path))
+    try:
+        assert b"".join(logread.iter_blocks(stream)) == body
+    finally:
+        stream.close()

@@ -368,8 +368,11 @@ class _Text:
         return self.read1(n - _PROBE + end + 1 if end >= 0 else n)
 
     def _fd(self) -> int | None:
-        """The descriptor of a regular file read as it is (no decoder, no decompression)."""
+        """The descriptor of a regular file read as it is (no decoder, no decompression), where
+        the platform has pread (Windows does not)."""
         if self.decoder is not None or not isinstance(self.stream, io.BufferedReader):
+            return None
+        if not hasattr(os, "pread"):
             return None
         try:
             return self.stream.fileno()
