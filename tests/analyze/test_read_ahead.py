@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from found_lines import found_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,18 +29,6 @@ def _scan_or_skip() -> patterns.BlockScan:
     if scan is None:
         pytest.skip("hyperscan is not installed here (an optional dependency): no read-ahead scan")
     return scan
-
-
-def _lines(find: object, data: bytes) -> list[int]:
-    """The offsets of the lines a find reports, resuming after each (as engine._scan does)."""
-    out, pos = [], 0
-    while (span := find(data, pos)) is not None:  # type: ignore[operator]
-        out.append(data.rfind(b"\n", pos, span[0]) + 1 or pos)
-        end = data.find(b"\n", span[1])
-        if end < 0:
-            break
-        pos = end + 1
-    return out
 
 
 _LINE = st.sampled_from(
@@ -62,7 +51,7 @@ def test_pieces_scanned_ahead_give_the_finds_of_one_scan(
 ) -> None:
     scan = _scan_or_skip()
     data = b"\n".join(lines) + b"\n"
-    whole = _lines(scan(data, [None])[0], data)
+    whole = found_lines(scan(data, [None])[0], data)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(patterns, "PIECE", 64)  # many pieces in a short block
         piece = scan.piece_scan()
@@ -70,7 +59,7 @@ def test_pieces_scanned_ahead_give_the_finds_of_one_scan(
         while len(pieces) < pieces_ahead and (not pieces or pieces[-1][1] < len(data)):
             pieces.append(piece(data, pieces[-1][1] if pieces else 0))
     assert [p[0] for p in pieces[1:]] == [p[1] for p in pieces[:-1]]  # contiguous, from 0
-    assert _lines(scan(data, [None], pieces)[0], data) == whole
+    assert found_lines(scan(data, [None], pieces)[0], data) == whole
     assert whole == [i for i in _starts(data) if any(w.lower() in _line_at(data, i).lower()
                                                      for w in (b"ERROR", b"Traceback", b"KV cache",
                                                                b"out of memory"))]  # fmt: skip

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from found_lines import found_lines
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,21 +27,6 @@ LOGS = sorted(
 )
 
 
-def _lines(find: object, data: bytes) -> list[int]:
-    """The offsets of the lines a find reports, resuming after each (as engine._scan does)."""
-    out, pos = [], 0
-    while True:
-        span = find(data, pos)  # type: ignore[operator]
-        if span is None:
-            return out
-        start = data.rfind(b"\n", pos, span[0]) + 1 or pos
-        out.append(start)
-        end = data.find(b"\n", span[1])
-        if end < 0:
-            return out
-        pos = end + 1
-
-
 def test_hyperscan_finds_the_lines_re2_finds() -> None:
     engine = analyze.Engine()
     words = engine.prefilter_words()
@@ -51,8 +37,8 @@ def test_hyperscan_finds_the_lines_re2_finds() -> None:
     crafted = b"x\nKV CACHE SIZE: 5 tokens\nmodel runner\n\xff\xfeERROR\n" + b"a" * 5000
     for data in [crafted, *(p.read_bytes() for p in LOGS)]:
         every, only = scan(data, [None, [wi in served for wi in words]])
-        assert _lines(every, data) == _lines(engine._find, data)
-        assert _lines(only, data) == _lines(engine._find_served, data)
+        assert found_lines(every, data) == found_lines(engine._find, data)
+        assert found_lines(only, data) == found_lines(engine._find_served, data)
     assert len(LOGS) > 20
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload_doctor.analyze import logread, recall, repeats, reports, runs, verdict
-from vllm_offload_doctor.analyze.ahead import Ahead, PieceScan, Reads
+from vllm_offload_doctor.analyze.ahead import PieceScan, Reads
 from vllm_offload_doctor.analyze.facts import FactCollector, Ops, extract, frame_of
 from vllm_offload_doctor.analyze.knowledge import Knowledge, builtin_knowledge, lend_exceptions
 from vllm_offload_doctor.analyze.model import (
@@ -22,6 +22,7 @@ from vllm_offload_doctor.analyze.model import (
 from vllm_offload_doctor.analyze.normalize import SPLIT_THRESHOLD, Line, parse, split_long
 from vllm_offload_doctor.analyze.patterns import (
     MAX_TEXT,
+    Piece,
     Selected,
     block_scanner,
     declare,
@@ -144,15 +145,11 @@ class Engine:
         line_base = 0
         first = True
         carried = b""  # from a start's first line (fed) to the block's end: see _scan
-        # The served words' scan (for the read-ahead thread: ahead.py), once a big block served.
-        served_scan: list[PieceScan | None] = [None]
-        reads = Reads(
-            logread.iter_blocks(stream),
-            lambda: served_scan[0] if state.collector.served_requests else None,
-        )
+        reads = Reads(logread.iter_blocks(stream), self._ahead_scan(state))
         try:
             for read in reads:
                 block = read.data
+                pieces = read.take()  # what the read-ahead thread scanned of it (ahead.py)
                 if first:
                     first = False
                     if logread.looks_binary(block[:8192]):
@@ -161,16 +158,17 @@ class Engine:
                     if _LEVEL_PREFIX.search(block, 0, 1 << 16):
                         state.saw_level = True
                 if carried:
-                    block, carried = carried + block, b""
-                    read.take()  # its offsets moved
+                    block, carried = carried + block, b""  # the pieces' offsets moved
                     line_base, cut = self._scan(block, line_base, state, resumed=True)
                 else:
-                    line_base, cut = self._scan_block(block, line_base, state, read, served_scan)
+                    line_base, cut = self._scan_block(block, line_base, state, pieces)
                 if cut is not None:
                     carried = block[cut:]
-                if ahead:  # a thread reads and scans ahead while the start serves
+                if ahead:  # a thread reads and scans ahead while the start serves, in big blocks
                     reads.ahead(
-                        served_scan[0] is not None and bool(state.collector.served_requests)
+                        len(read.data) >= HYPERSCAN_BLOCK
+                        and bool(self._scanners)
+                        and bool(state.collector.served_requests)
                     )
             if carried:
                 line_base, _ = self._scan(carried, line_base, state, resumed=True, last=True)
@@ -184,21 +182,29 @@ class Engine:
             raise InputError(f"{name}: empty file")
         return state.finish(name, lines_read=line_base, error=error)
 
+    def _ahead_scan(self, state: _State) -> Callable[[], PieceScan | None]:
+        """For the read-ahead thread, as it reads a block: the served words' piece scan while the
+        start serves (made once, with its own scratch), else None. The engine starts the thread
+        only once it built its scanners (_finders)."""
+        made: list[PieceScan] = []
+
+        def scan() -> PieceScan | None:
+            if not state.collector.served_requests or not self._scanners:
+                return None
+            if not made:
+                made.append(self._scanners[1].piece_scan())
+            return made[0]
+
+        return scan
+
     def _scan_block(
-        self,
-        block: bytes,
-        line_base: int,
-        state: _State,
-        read: Ahead | None = None,
-        served_scan: list[PieceScan | None] | None = None,
+        self, block: bytes, line_base: int, state: _State, pieces: Sequence[Piece] = ()
     ) -> tuple[int, int | None]:
         """Feed a block's interesting lines; returns the line count after them and where the
-        scan stopped to be carried into the next block (see _scan), or None. `read`: the block
-        as read ahead, the served words' scan begun (served_scan[0] set for the next ones)."""
+        scan stopped to be carried into the next block (see _scan), or None. `pieces`: the served
+        words' scan of the block begun by the read-ahead thread."""
         if b"\0" not in block:
-            return self._scan(block, line_base, state, read=read, served_scan=served_scan)
-        if read is not None:
-            read.take()
+            return self._scan(block, line_base, state, pieces=pieces)
         # A hole of NUL bytes: a second writer's lines follow (runs.py); each side is scanned.
         for i, part in enumerate(logread.NUL_HOLE.split(block)):
             if i:
@@ -207,16 +213,11 @@ class Engine:
         return line_base, None
 
     def _finders(
-        self,
-        block: bytes,
-        state: _State,
-        read: Ahead | None = None,
-        served_scan: list[PieceScan | None] | None = None,
+        self, block: bytes, state: _State, pieces: Sequence[Piece] = ()
     ) -> tuple[Any, Any]:
         """The prefilter's finds over a block (all words, the served ones): Hyperscan's for a big
         block when it is installed (compiled on first need: a short log never pays its 20-40 ms),
-        else RE2's. The served finds begin with what the read-ahead scanned of `read`."""
-        pieces = read.take() if read is not None else ()
+        else RE2's. The served finds begin with the read-ahead's `pieces`."""
         if not self.fast or len(block) < HYPERSCAN_BLOCK:
             return self._find, self._find_served
         if self._scanners is None:
@@ -230,8 +231,6 @@ class Engine:
             return self._find, self._find_served
         every, only, keep = self._scanners
         if state.collector.served_requests:  # most of a serving log: its bulk words left out
-            if served_scan is not None and served_scan[0] is None:
-                served_scan[0] = only.piece_scan()
             return self._find, only(block, [None], pieces)[0]  # a start after it: RE2's
         find_all, find_served = every(block, [None, keep])
         return find_all, find_served
@@ -244,8 +243,7 @@ class Engine:
         *,
         resumed: bool = False,
         last: bool = False,
-        read: Ahead | None = None,
-        served_scan: list[PieceScan | None] | None = None,
+        pieces: Sequence[Piece] = (),
     ) -> tuple[int, int | None]:
         """Feed the block's interesting lines (lines line_base + 1 on); returns the line count
         after them and None, or, where a start that an echo start may repeat runs past the
@@ -253,7 +251,7 @@ class Engine:
         from there again with the next block joined (`resumed`: its first line is fed already).
         `last`: nothing follows."""
         # One search per interesting line: after a hit, resume at the next line (linear time).
-        find_all, find_served = self._finders(block, state, read, served_scan)
+        find_all, find_served = self._finders(block, state, pieces)
         feed = state.feed_raw
         pos = 0
         counted_to = 0

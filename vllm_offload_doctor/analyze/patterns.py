@@ -191,47 +191,41 @@ class BlockScan:
         with a scratch of its own (Hyperscan's may serve one scan at a time)."""
         import hyperscan
 
-        db, scratch = self._db, hyperscan.Scratch(self._db)
+        scratch = hyperscan.Scratch(self._db)
 
         def scan(block: bytes, at: int) -> Piece:
-            hi = block.find(b"\n", at + PIECE) + 1 or len(block)
-            found: list[int] = []
-            add = found.append
-            part = cast(bytes, memoryview(block)[at:hi])  # any buffer: no copy
-            db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w),
-                    scratch=scratch)  # fmt: skip
-            return at, hi, found
+            hi = _line_end_after(block, at + PIECE)
+            return at, hi, self._found(memoryview(block)[at:hi], scratch)
 
         return scan
+
+    def _found(self, part: memoryview, scratch: Any = None) -> list[int]:
+        """(end << 16 | word) of every match in `part`, by their ends."""
+        found: list[int] = []
+        add = found.append
+        self._db.scan(cast(bytes, part),  # any buffer: no copy (the stubs say str or bytes)
+                      match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w),
+                      scratch=scratch)  # fmt: skip
+        return found
 
     def __call__(
         self, block: bytes, keeps: Sequence[Sequence[bool] | None], pieces: Sequence[Piece] = ()
     ) -> list[Find]:
         # The block is scanned a segment at a time, from where a find is asked first: the bytes
         # a caller skips (a crash loop's echoed restarts) are never scanned.
-        db, sizes = self._db, self._sizes
+        sizes = self._sizes
         size = len(block)
         view = memoryview(block)
         starts = [lo for lo, _hi, _found in pieces]
         ahead = pieces[-1][1] if pieces else 0
-        seg: list[Any] = [
-            0,
-            0,
-            0,
-            [],
-        ]  # the segment's offsets (first, after the last), number, finds
+        seg: list[Any] = [0, 0, 0, []]  # first offset, the one after the last, number, finds
 
         def segment(pos: int) -> None:
             if pos < ahead:
                 lo, hi, found = pieces[bisect.bisect_right(starts, pos) - 1]
             else:
-                lo = pos
-                hi = block.find(b"\n", pos + SEGMENT)
-                hi = size if hi < 0 else hi + 1
-                found = []
-                add = found.append
-                part = cast(bytes, view[pos:hi])  # any buffer: no copy (the stubs say str or bytes)
-                db.scan(part, match_event_handler=lambda w, _f, to, _fl, _c: add(to << 16 | w))
+                lo, hi = pos, _line_end_after(block, pos + SEGMENT)
+                found = self._found(view[lo:hi])
             seg[:] = lo, hi, seg[2] + 1, found
 
         def walk(keep: Sequence[bool] | None) -> Find:
@@ -260,6 +254,11 @@ class BlockScan:
             return find
 
         return [walk(keep) for keep in keeps]
+
+
+def _line_end_after(block: bytes, at: int) -> int:
+    """The offset after the first line end from `at` on (the block's end without one)."""
+    return block.find(b"\n", at) + 1 or len(block)
 
 
 def block_scanner(words: Sequence[tuple[str, bool]]) -> BlockScan | None:
